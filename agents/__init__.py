@@ -1,0 +1,1 @@
+"""The stream pipeline: decoding, the scoring agent, the model boundary and the model runtime."""

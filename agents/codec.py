@@ -1,0 +1,174 @@
+"""Decode and validate raw transaction records; encode predictions and dead letters (pure code)."""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "Invalid",
+    "Transaction",
+    "dead_letter",
+    "decode_transaction",
+    "late_record",
+    "prediction",
+]
+
+MAX_RECORD_BYTES = 64 * 1024
+MAX_ID_CHARS = 128
+# Event times from 2001-09-09 to 2286-11-20 in epoch milliseconds: rejects seconds and microseconds.
+MIN_TS_MS = 1_000_000_000_000
+MAX_TS_MS = 9_999_999_999_999
+MAX_ABS_AMOUNT = 1e12
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """A validated card transaction; ``ts`` is its event time in epoch milliseconds."""
+
+    id: str
+    card_id: str
+    ts: int
+    amount: float
+    merchant_id: str
+    country: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """Why a record was rejected: a stable ``reason`` code and a human ``message``."""
+
+    reason: str
+    message: str
+
+
+def decode_transaction(raw: bytes | None, max_bytes: int = MAX_RECORD_BYTES) -> Transaction | Invalid:
+    """Decode one record value; never raises on bad input."""
+    if raw is None or len(raw) == 0:
+        return Invalid("empty_value", "record has no value")
+    if len(raw) > max_bytes:
+        return Invalid("too_large", f"value is {len(raw)} bytes, the limit is {max_bytes}")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return Invalid("invalid_json", f"not valid JSON: {exc}")
+    if not isinstance(obj, dict):
+        return Invalid("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
+    return _validate(obj)
+
+
+def _validate(obj: dict[str, Any]) -> Transaction | Invalid:
+    for name in ("id", "card_id", "ts", "amount", "merchant_id"):
+        if name not in obj or obj[name] is None:
+            return Invalid("missing_field", f"required field {name!r} is missing")
+    for name in ("id", "card_id", "merchant_id"):
+        value = obj[name]
+        if not isinstance(value, str):
+            return Invalid("wrong_type", f"{name!r} must be a string, got {type(value).__name__}")
+        if not value or len(value) > MAX_ID_CHARS:
+            return Invalid("out_of_range", f"{name!r} must have 1..{MAX_ID_CHARS} characters")
+    ts = obj["ts"]
+    if isinstance(ts, bool) or not isinstance(ts, int):
+        return Invalid("wrong_type", f"'ts' must be an integer (epoch ms), got {type(ts).__name__}")
+    if not MIN_TS_MS <= ts <= MAX_TS_MS:
+        return Invalid("out_of_range", f"'ts' {ts} is not an epoch-millisecond time")
+    amount = obj["amount"]
+    if isinstance(amount, bool) or not isinstance(amount, int | float):
+        return Invalid("wrong_type", f"'amount' must be a number, got {type(amount).__name__}")
+    amount = float(amount)
+    if not math.isfinite(amount):
+        return Invalid("not_finite", f"'amount' must be finite, got {amount}")
+    if abs(amount) > MAX_ABS_AMOUNT:
+        return Invalid("out_of_range", f"'amount' {amount} exceeds {MAX_ABS_AMOUNT:g} in magnitude")
+    country = obj.get("country")
+    if country is not None and not isinstance(country, str):
+        return Invalid("wrong_type", f"'country' must be a string, got {type(country).__name__}")
+    return Transaction(obj["id"], obj["card_id"], ts, amount, obj["merchant_id"], country)
+
+
+def _text_or_base64(raw: bytes | None) -> tuple[str | None, bool]:
+    if raw is None:
+        return None, False
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return base64.b64encode(raw).decode("ascii"), True
+
+
+def dead_letter(
+    invalid: Invalid,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    routed_at_ms: int,
+) -> bytes:
+    """Encode a dead-letter record: the reason, the source position and the original bytes."""
+    key_text, key_b64 = _text_or_base64(key)
+    value_text, value_b64 = _text_or_base64(value)
+    return orjson.dumps({
+        "reason": invalid.reason,
+        "message": invalid.message,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key": key_text,
+        "key_base64": key_b64,
+        "value": value_text,
+        "value_base64": value_b64,
+        "routed_at": routed_at_ms,
+    })
+
+
+def prediction(
+    tx: Transaction,
+    *,
+    score: float,
+    threshold: float,
+    model: str,
+    feature_names: tuple[str, ...],
+    features: tuple[float, ...],
+    queue_ms: float,
+    infer_ms: float,
+    batch_size: int,
+) -> bytes:
+    """Encode one prediction record."""
+    return orjson.dumps({
+        "id": tx.id,
+        "card_id": tx.card_id,
+        "ts": tx.ts,
+        "score": score,
+        "is_fraud": score >= threshold,
+        "model": model,
+        "features": dict(zip(feature_names, features, strict=True)),
+        "timing": {"queue_ms": round(queue_ms, 3), "infer_ms": round(infer_ms, 3), "batch_size": batch_size},
+    })
+
+
+def late_record(
+    tx: Transaction,
+    *,
+    raw: bytes,
+    watermark: int,
+    topic: str,
+    partition: int,
+    offset: int,
+    routed_at_ms: int,
+) -> bytes:
+    """Encode a late event: the original record, why it was not applied, and where it came from."""
+    return orjson.dumps({
+        "reason": "late",
+        "message": f"event time {tx.ts} is below the partition watermark {watermark}",
+        "watermark": watermark,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "event": orjson.Fragment(raw),
+        "routed_at": routed_at_ms,
+    })

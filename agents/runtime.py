@@ -1,0 +1,174 @@
+"""The ONNX Runtime model: device selection, the model contract check, and batch inference.
+
+``ModelRuntime.predict`` is blocking and meant to run on the model boundary's inference thread (ONNX
+Runtime releases the GIL while it computes), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+__all__ = ["ModelContractError", "ModelInfo", "ModelRuntime", "DeviceUnavailableError"]
+
+logger = logging.getLogger(__name__)
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+
+
+class ModelContractError(RuntimeError):
+    """The model file does not match what seam feeds it or expects back."""
+
+
+class DeviceUnavailableError(RuntimeError):
+    """``SEAM_DEVICE=cuda`` was asked for but the session does not run on CUDA."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What a worker reports about its model: identity, contract and the provider really in use."""
+
+    name: str
+    version: str
+    path: str
+    provider: str
+    feature_names: tuple[str, ...]
+    input_name: str
+    output_name: str
+
+    @property
+    def tag(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+def _session(path: Path, providers: list[str], threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads > 0:
+        options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+
+
+def open_session(path: Path, device: str, threads: int = 0) -> ort.InferenceSession:
+    """Open a session on the device policy ``auto``, ``cpu`` or ``cuda`` and verify where it runs."""
+    ort.set_default_logger_severity(3)
+    if device == "cpu":
+        return _session(path, [CPU], threads)
+    available = ort.get_available_providers()
+    if CUDA in available:
+        # Probing CUDA on a host without its libraries makes ONNX Runtime print a native error;
+        # the outcome is reported below in one line instead.
+        ort.set_default_logger_severity(4)
+        try:
+            session = _session(path, [CUDA, CPU], threads)
+        except Exception as exc:  # noqa: BLE001 - a broken CUDA install must not stop `auto`
+            if device == "cuda":
+                raise DeviceUnavailableError(f"CUDA session could not be created: {exc}") from exc
+            session = None
+        finally:
+            ort.set_default_logger_severity(3)
+        # The available list only says the package was built with CUDA; the session's own
+        # provider list says what it really runs on.
+        if session is not None and session.get_providers()[0] == CUDA:
+            return session
+    if device == "cuda":
+        raise DeviceUnavailableError(
+            "SEAM_DEVICE=cuda but ONNX Runtime cannot run on CUDA here "
+            f"(available providers {available}); use SEAM_DEVICE=auto or cpu")
+    logger.info("CUDA is not active on this host (ONNX Runtime providers: %s); the model runs on CPU",
+                available)
+    return _session(path, [CPU], threads)
+
+
+class ModelRuntime:
+    """One ONNX Runtime session and the contract it was checked against."""
+
+    def __init__(self, session: ort.InferenceSession, info: ModelInfo) -> None:
+        self._session = session
+        self.info = info
+
+    @classmethod
+    def load(
+        cls,
+        path: Path | str,
+        *,
+        feature_names: Sequence[str],
+        device: str = "auto",
+        threads: int = 0,
+    ) -> ModelRuntime:
+        """Open the model, check its contract against ``feature_names`` and report the provider."""
+        path = Path(path)
+        if not path.is_file():
+            raise ModelContractError(f"model file {path} does not exist (SEAM_MODEL_PATH)")
+        session = open_session(path, device, threads)
+        info = _check_contract(session, path, tuple(feature_names))
+        logger.info("model %s loaded from %s on %s", info.tag, path, info.provider)
+        return cls(session, info)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """Score a float32 ``[N, F]`` batch; returns ``N`` scores."""
+        outputs = self._session.run([self.info.output_name], {self.info.input_name: features})
+        scores = np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+        if len(scores) != len(features):
+            raise ModelContractError(
+                f"model returned {len(scores)} scores for a batch of {len(features)} rows")
+        return scores
+
+    def warmup(self, batch_sizes: Iterable[int]) -> None:
+        """Run each batch size once so first real batches do not pay for allocation."""
+        width = len(self.info.feature_names)
+        for size in batch_sizes:
+            self.predict(np.zeros((size, width), dtype=np.float32))
+
+
+def _check_contract(session: ort.InferenceSession, path: Path, expected: tuple[str, ...]) -> ModelInfo:
+    meta = session.get_modelmeta()
+    props = meta.custom_metadata_map
+    if "feature_names" not in props:
+        raise ModelContractError(f"{path}: ONNX metadata has no 'feature_names' entry")
+    try:
+        names = tuple(json.loads(props["feature_names"]))
+    except (ValueError, TypeError) as exc:
+        raise ModelContractError(f"{path}: 'feature_names' metadata is not a JSON list: {exc}") from None
+    if names != expected:
+        missing = [n for n in expected if n not in names]
+        extra = [n for n in names if n not in expected]
+        detail = (f"missing {missing}, unexpected {extra}" if missing or extra
+                  else f"same names in another order: model {list(names)}, spec {list(expected)}")
+        raise ModelContractError(f"{path}: feature_names differ from the feature spec: {detail}")
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    if len(inputs) != 1:
+        raise ModelContractError(f"{path}: expected one input, found {len(inputs)}")
+    (inp,) = inputs
+    if inp.type != "tensor(float)":
+        raise ModelContractError(f"{path}: input {inp.name!r} is {inp.type}, expected tensor(float)")
+    if len(inp.shape) != 2:
+        raise ModelContractError(f"{path}: input {inp.name!r} has rank {len(inp.shape)}, expected 2")
+    if isinstance(inp.shape[1], int) and inp.shape[1] != len(expected):
+        raise ModelContractError(
+            f"{path}: input width is {inp.shape[1]}, the feature spec has {len(expected)} features")
+    if len(outputs) < 1:
+        raise ModelContractError(f"{path}: model has no output")
+    out = outputs[0]
+    trailing = [d for d in out.shape[1:] if d != 1]
+    if trailing:
+        raise ModelContractError(f"{path}: output {out.name!r} shape {out.shape} is not one score per row")
+    return ModelInfo(
+        name=props.get("model_name", path.stem),
+        version=props.get("model_version", meta.version and str(meta.version) or "0"),
+        path=os.fspath(path),
+        provider=session.get_providers()[0],
+        feature_names=names,
+        input_name=inp.name,
+        output_name=out.name,
+    )

@@ -1,0 +1,1 @@
+"""Wiring: settings, the Faust app, its command line and web views."""

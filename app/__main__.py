@@ -1,0 +1,5 @@
+"""``python -m app``: the same as the ``seam`` command."""
+
+from app.main import main
+
+main()

@@ -1,0 +1,43 @@
+"""Build seam's Faust app from the settings and run its command line (``seam worker -l info``)."""
+
+from __future__ import annotations
+
+import faust
+
+from app.settings import Settings
+
+__all__ = ["app", "main", "settings"]
+
+settings = Settings.from_env()
+
+# The app id names the consumer group and prefixes the changelog topics ("<id>-card-state-changelog");
+# changing it (or `version`) starts from empty state and the group's committed offsets are not reused.
+app = faust.App(
+    settings.app_id,
+    version=1,
+    broker=settings.broker_url,
+    store="rocksdb://",
+    datadir=str(settings.data_dir),
+    web_port=settings.web_port,
+    web_bind=settings.web_host,
+    web_host=settings.web_host,
+    topic_partitions=settings.topic_partitions,
+    topic_replication_factor=settings.topic_replication_factor,
+    broker_max_poll_records=settings.max_poll_records,
+    producer_acks=-1,
+    consumer_auto_offset_reset="earliest",
+    key_serializer="raw",
+    value_serializer="raw",
+    # Unacknowledged records are redelivered anyway; waiting for them would only stall shutdown.
+    stream_wait_empty=False,
+    autodiscover=False,
+)
+
+
+def main() -> None:
+    """Entry point of the ``seam`` console script: Faust's command line for this app."""
+    # Importing these modules declares the topics, tables, agents, services, views and commands.
+    import agents.score  # noqa: F401
+    from app import cli, views  # noqa: F401
+
+    app.main()

@@ -1,0 +1,99 @@
+"""seam's settings: one frozen object, read from ``SEAM_*`` environment variables once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Settings", "SettingsError"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class SettingsError(ValueError):
+    """A ``SEAM_*`` variable has a value seam cannot use."""
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a worker needs; each field maps to ``SEAM_<FIELD NAME IN UPPER CASE>``."""
+
+    # Kafka.
+    broker_url: str = "kafka://127.0.0.1:9092"
+    app_id: str = "seam"
+    input_topic: str = "transactions"
+    predictions_topic: str = "predictions"
+    dlq_topic: str = "transactions-dlq"
+    late_topic: str = "transactions-late"
+    topic_partitions: int = 8
+    topic_replication_factor: int = 1
+    max_poll_records: int = 2000
+    # Worker.
+    data_dir: Path = field(default=ROOT / ".data")
+    web_port: int = 6066
+    web_host: str = "127.0.0.1"
+    # Model boundary.
+    model_path: Path = field(default=ROOT / "models" / "fraud-mlp.onnx")
+    device: str = "auto"
+    max_batch_size: int = 256
+    max_wait_ms: float = 5.0
+    max_inflight_batches: int = 2
+    inference_threads: int = 0
+    fraud_threshold: float = 0.5
+    # Event time.
+    allowed_lateness_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise SettingsError(f"SEAM_MAX_BATCH_SIZE must be >= 1, got {self.max_batch_size}")
+        if self.max_wait_ms < 0:
+            raise SettingsError(f"SEAM_MAX_WAIT_MS must be >= 0, got {self.max_wait_ms}")
+        if self.max_inflight_batches < 1:
+            raise SettingsError(
+                f"SEAM_MAX_INFLIGHT_BATCHES must be >= 1, got {self.max_inflight_batches}")
+        if self.device not in {"auto", "cpu", "cuda"}:
+            raise SettingsError(f"SEAM_DEVICE must be auto, cpu or cuda, got {self.device!r}")
+        if not 0.0 <= self.fraud_threshold <= 1.0:
+            raise SettingsError(f"SEAM_FRAUD_THRESHOLD must be in [0, 1], got {self.fraud_threshold}")
+        if self.topic_partitions < 1:
+            raise SettingsError(f"SEAM_TOPIC_PARTITIONS must be >= 1, got {self.topic_partitions}")
+        if self.allowed_lateness_s < 0:
+            raise SettingsError(
+                f"SEAM_ALLOWED_LATENESS_S must be >= 0, got {self.allowed_lateness_s}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from ``SEAM_*`` variables; unknown ``SEAM_*`` names are an error."""
+        env = os.environ if env is None else env
+        parsers: dict[str, Callable[[str], Any]] = {
+            "int": int, "float": float, "str": str, "Path": Path, "bool": _bool,
+        }
+        known = {f"SEAM_{f.name.upper()}": f for f in fields(cls)}
+        unknown = sorted(k for k in env if k.startswith("SEAM_") and k not in known)
+        if unknown:
+            raise SettingsError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        values: dict[str, Any] = {}
+        for name, f in known.items():
+            if name in env:
+                try:
+                    values[f.name] = parsers[str(f.type)](env[name])
+                except ValueError as exc:
+                    raise SettingsError(f"{name}={env[name]!r}: {exc}") from None
+        return cls(**values)
+
+    @property
+    def broker_bootstrap(self) -> str:
+        """The broker list without the ``kafka://`` scheme, as plain Kafka clients want it."""
+        return ",".join(part.split("://", 1)[-1] for part in self.broker_url.split(";"))

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Run a single-node Apache Kafka broker (KRaft, broker + controller) from Maven Central jars.
+
+    python scripts/kafka_local.py up     # fetch jars, format storage once, start, wait until ready
+    python scripts/kafka_local.py down   # stop the broker this script started (by PID)
+    python scripts/kafka_local.py status
+
+Settings (environment or flags): KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (port + 1000 when free),
+KAFKA_HOME (.cache/kafka: jars in libs/, data and logs in run-<port>/). Only the standard library is used
+so the broker can start before the project's virtual environment exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+POM = ROOT / "scripts" / "kafka" / "pom.xml"
+HEAP = os.environ.get("KAFKA_HEAP_OPTS", "-Xmx512m -Xms256m")
+
+LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log_dir}/server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = {level}
+logger.state.name = state.change.logger
+logger.state.level = warn
+"""
+
+SERVER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={data_dir}
+num.partitions=1
+auto.create.topics.enable=true
+group.initial.rebalance.delay.ms=0
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=10
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+log.retention.hours=24
+log.segment.bytes=104857600
+"""
+
+
+class KafkaError(SystemExit):
+    """A problem the user can act on; printed without a traceback."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"kafka_local: {message}")
+
+
+def kafka_version() -> str:
+    text = POM.read_text()
+    start = text.index("<kafka.version>") + len("<kafka.version>")
+    return text[start : text.index("</kafka.version>")]
+
+
+def require(tool: str, hint: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise KafkaError(f"`{tool}` not found on PATH. {hint}")
+    return path
+
+
+def java_major(java: str) -> int:
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    for token in out.split():
+        token = token.strip('"')
+        if token[:1].isdigit():
+            major = token.split(".")[0]
+            return int(major if major != "1" else token.split(".")[1])
+    return 0
+
+
+def fetch_jars(home: Path) -> Path:
+    """Copy Kafka's jars from Maven Central into home/libs-<version> once."""
+    libs = home / f"libs-{kafka_version()}"
+    marker = libs / ".complete"
+    if marker.exists():
+        return libs
+    mvn = require("mvn", "Install Maven 3.8+ (Debian/Ubuntu: apt install maven) to fetch Kafka's jars.")
+    libs.mkdir(parents=True, exist_ok=True)
+    print(f"kafka_local: fetching Apache Kafka {kafka_version()} jars into {libs} ...", flush=True)
+    cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+           f"-DoutputDirectory={libs}", "-DincludeScope=runtime"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KafkaError("Maven could not fetch Kafka's jars:\n" + result.stdout[-3000:] + result.stderr[-2000:])
+    marker.write_text(kafka_version())
+    return libs
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def metadata_ok(port: int, timeout_s: float = 2.0) -> bool:
+    """Send a Metadata v4 request (all topics) and check a well-formed answer with one broker."""
+    client_id = b"seam-ready"
+    body = struct.pack(">hhih", 3, 4, 7, len(client_id)) + client_id + struct.pack(">ib", -1, 0)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+            sock.sendall(struct.pack(">i", len(body)) + body)
+            header = _recv_exact(sock, 4)
+            payload = _recv_exact(sock, struct.unpack(">i", header)[0])
+    except OSError:
+        return False
+    correlation_id, _throttle, brokers = struct.unpack(">iii", payload[:12])
+    return correlation_id == 7 and brokers >= 1
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise OSError("connection closed")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); read its state to be sure.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+class Broker:
+    """One broker instance: its ports and its folder (config, data, logs, PID file)."""
+
+    def __init__(self, port: int, controller_port: int, home: Path) -> None:
+        self.port = port
+        self.controller_port = controller_port
+        self.home = home
+        self.run_dir = home / f"run-{port}"
+        self.pid_file = self.run_dir / "kafka.pid"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    def up(self, wait_s: float = 90.0) -> None:
+        if self.pid() is not None and metadata_ok(self.port):
+            print(f"kafka_local: already running (pid {self.pid()}) on {self.bootstrap}")
+            return
+        java = require("java", "Install a Java 17+ runtime (Debian/Ubuntu: apt install openjdk-17-jre-headless).")
+        if java_major(java) < 17:
+            raise KafkaError("Apache Kafka 4 needs Java 17 or newer; `java -version` reports an older one.")
+        for port in (self.port, self.controller_port):
+            if not port_free(port):
+                raise KafkaError(
+                    f"port {port} on 127.0.0.1 is already in use. Stop whatever listens there, "
+                    f"or pick another with KAFKA_PORT=<port> (controller: KAFKA_CONTROLLER_PORT)."
+                )
+        libs = fetch_jars(self.home)
+        data_dir = self.run_dir / "data"
+        log_dir = self.run_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        props = self.run_dir / "server.properties"
+        props.write_text(SERVER_PROPERTIES.format(
+            port=self.port, controller_port=self.controller_port, data_dir=data_dir))
+        log_config = self.run_dir / "log4j2.properties"
+        log_config.write_text(LOG4J2.format(log_dir=log_dir, level=os.environ.get("KAFKA_LOG_LEVEL", "INFO")))
+        jvm = [java, *HEAP.split(), "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+               "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
+               f"-Dkafka.logs.dir={log_dir}", f"-Dlog4j2.configurationFile={log_config}",
+               "-cp", f"{libs}/*"]
+        if not (data_dir / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            fmt = subprocess.run(
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
+                 "--ignore-formatted"], capture_output=True, text=True)
+            if fmt.returncode != 0:
+                raise KafkaError("formatting storage failed:\n" + fmt.stdout + fmt.stderr)
+        with open(log_dir / "stdout.log", "ab") as out:
+            proc = subprocess.Popen([*jvm, "kafka.Kafka", str(props)], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pid_file.write_text(str(proc.pid))
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise KafkaError(f"broker exited with code {proc.returncode}; see {log_dir}/server.log")
+            if metadata_ok(self.port):
+                print(f"kafka_local: Apache Kafka {kafka_version()} ready on {self.bootstrap} (pid {proc.pid})")
+                return
+            time.sleep(0.25)
+        self.down()
+        raise KafkaError(f"broker did not answer a metadata request within {wait_s:.0f}s; see {log_dir}")
+
+    def down(self, wait_s: float = 30.0) -> None:
+        pid = self.pid()
+        if pid is None:
+            print(f"kafka_local: no broker running for port {self.port}")
+            self.pid_file.unlink(missing_ok=True)
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        while pid_alive(pid) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.2)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            while pid_alive(pid):
+                _reap(pid)
+                time.sleep(0.1)
+        self.pid_file.unlink(missing_ok=True)
+        print(f"kafka_local: broker on {self.bootstrap} stopped (pid {pid})")
+
+    def status(self) -> int:
+        pid = self.pid()
+        ready = pid is not None and metadata_ok(self.port)
+        print(f"kafka_local: {'running' if ready else 'not running'} on {self.bootstrap}"
+              + (f" (pid {pid})" if pid else ""))
+        return 0 if ready else 1
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["up", "down", "status", "fetch"])
+    parser.add_argument("--port", type=int, default=int(os.environ.get("KAFKA_PORT", "9092")))
+    parser.add_argument("--controller-port", type=int, default=int(os.environ.get("KAFKA_CONTROLLER_PORT", "0")))
+    parser.add_argument("--home", type=Path, default=Path(os.environ.get("KAFKA_HOME", ROOT / ".cache" / "kafka")))
+    args = parser.parse_args(argv)
+    controller_port = args.controller_port or args.port + 1000
+    broker = Broker(args.port, controller_port, args.home.resolve())
+    if args.command == "fetch":
+        fetch_jars(broker.home)
+        return 0
+    if args.command == "up":
+        broker.up()
+        return 0
+    if args.command == "down":
+        broker.down()
+        return 0
+    return broker.status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Train seam's default fraud model on synthetic transactions and write it as ONNX.
+
+    python scripts/train_model.py                      # -> models/fraud-mlp.onnx
+    python scripts/train_model.py --hidden 512,512,256 --name fraud-mlp-heavy --out models/x.onnx
+
+The features come from the same code the workers run (``tables.features``), applied in arrival order
+with the same lateness rule, so training and serving cannot drift apart. The network is a small MLP
+trained with numpy (Adam, weighted binary cross-entropy); the ONNX graph includes the input transform
+(signed log1p, then standardisation), so workers feed raw feature values. Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from app.synthetic import TransactionGenerator
+from tables.features import DEFAULT_SPEC, Watermark, apply_event, new_state
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_dataset(events: int, cards: int, seed: int, lateness_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Generate a stream and compute each on-time event's features with the serving code."""
+    generator = TransactionGenerator(cards=cards, seed=seed)
+    watermark = Watermark(int(lateness_s * 1000))
+    states: dict[str, dict] = {}
+    rows, labels = [], []
+    for _ in range(events):
+        tx, fraud = next(generator)
+        if watermark.is_late(tx["ts"]):
+            continue
+        watermark.observe(tx["ts"])
+        state = states.setdefault(tx["card_id"], new_state())
+        applied = apply_event(state, tx["id"], tx["ts"], tx["amount"], tx["merchant_id"],
+                              allowed_lateness_ms=watermark.allowed_lateness_ms)
+        rows.append(applied.features)
+        labels.append(1.0 if fraud else 0.0)
+    return np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.float64)
+
+
+def signed_log(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Area under the ROC curve (rank statistic)."""
+    order = np.argsort(scores)
+    ranks = np.empty(len(scores))
+    ranks[order] = np.arange(1, len(scores) + 1)
+    positives = labels == 1
+    n_pos, n_neg = positives.sum(), (~positives).sum()
+    return float((ranks[positives].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def train(x: np.ndarray, y: np.ndarray, hidden: list[int], seed: int, epochs: int) -> list[tuple]:
+    """Fit an MLP with ReLU layers and a sigmoid output; return [(W, b), ...]."""
+    rng = np.random.default_rng(seed)
+    sizes = [x.shape[1], *hidden, 1]
+    params = [(rng.normal(0, np.sqrt(2 / a), (a, b)), np.zeros(b)) for a, b in zip(sizes, sizes[1:])]
+    moments = [[np.zeros_like(w), np.zeros_like(b), np.zeros_like(w), np.zeros_like(b)] for w, b in params]
+    # Weight positives by the square root of the class ratio: recall without flooding alerts.
+    pos_weight = np.sqrt((len(y) - y.sum()) / max(y.sum(), 1))
+    lr, beta1, beta2, step = 2e-3, 0.9, 0.999, 0
+    for _ in range(epochs):
+        for batch in np.array_split(rng.permutation(len(x)), max(1, len(x) // 512)):
+            xb, yb = x[batch], y[batch]
+            acts = [xb]
+            for i, (w, b) in enumerate(params):
+                z = acts[-1] @ w + b
+                acts.append(np.maximum(z, 0) if i < len(params) - 1 else 1 / (1 + np.exp(-z)))
+            weights = np.where(yb == 1, pos_weight, 1.0)[:, None]
+            grad = (acts[-1] - yb[:, None]) * weights / len(xb)
+            step += 1
+            for i in range(len(params) - 1, -1, -1):
+                w, b = params[i]
+                gw, gb = acts[i].T @ grad, grad.sum(0)
+                if i:
+                    grad = (grad @ w.T) * (acts[i] > 0)
+                m = moments[i]
+                for j, g in ((0, gw), (1, gb)):
+                    m[j] = beta1 * m[j] + (1 - beta1) * g
+                    m[j + 2] = beta2 * m[j + 2] + (1 - beta2) * g * g
+                w -= lr * (m[0] / (1 - beta1**step)) / (np.sqrt(m[2] / (1 - beta2**step)) + 1e-8)
+                b -= lr * (m[1] / (1 - beta1**step)) / (np.sqrt(m[3] / (1 - beta2**step)) + 1e-8)
+    return params
+
+
+def predict(x: np.ndarray, params: list[tuple]) -> np.ndarray:
+    a = x
+    for i, (w, b) in enumerate(params):
+        z = a @ w + b
+        a = np.maximum(z, 0) if i < len(params) - 1 else 1 / (1 + np.exp(-z))
+    return a.reshape(-1)
+
+
+def to_onnx(params: list[tuple], mean: np.ndarray, std: np.ndarray, name: str, version: str,
+            metrics: dict) -> onnx.ModelProto:
+    """Build the graph: signed log1p, standardise, the MLP, sigmoid, one score per row."""
+    f32 = np.float32
+    init = [
+        numpy_helper.from_array(np.array(1.0, f32), "one"),
+        numpy_helper.from_array(mean.astype(f32), "mean"),
+        numpy_helper.from_array(std.astype(f32), "std"),
+        numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+    ]
+    nodes = [
+        helper.make_node("Abs", ["features"], ["abs"]),
+        helper.make_node("Add", ["abs", "one"], ["abs1"]),
+        helper.make_node("Log", ["abs1"], ["log"]),
+        helper.make_node("Sign", ["features"], ["sign"]),
+        helper.make_node("Mul", ["sign", "log"], ["slog"]),
+        helper.make_node("Sub", ["slog", "mean"], ["centred"]),
+        helper.make_node("Div", ["centred", "std"], ["h0"]),
+    ]
+    for i, (w, b) in enumerate(params):
+        init += [numpy_helper.from_array(w.astype(f32), f"W{i}"), numpy_helper.from_array(b.astype(f32), f"b{i}")]
+        nodes += [helper.make_node("MatMul", [f"h{i}", f"W{i}"], [f"z{i}"]),
+                  helper.make_node("Add", [f"z{i}", f"b{i}"], [f"a{i}"])]
+        last = i == len(params) - 1
+        nodes.append(helper.make_node("Sigmoid" if last else "Relu", [f"a{i}"], ["prob" if last else f"h{i + 1}"]))
+    nodes.append(helper.make_node("Reshape", ["prob", "flat"], ["score"]))
+    width = len(DEFAULT_SPEC.names)
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch"])],
+        init,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="seam")
+    model.ir_version = 8
+    helper.set_model_props(model, {
+        "feature_names": json.dumps(list(DEFAULT_SPEC.names)),
+        "model_name": name,
+        "model_version": version,
+        "training": json.dumps(metrics),
+    })
+    onnx.checker.check_model(model)
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "models" / "fraud-mlp.onnx")
+    parser.add_argument("--name", default="fraud-mlp")
+    parser.add_argument("--version", default="1")
+    parser.add_argument("--hidden", default="32,16", help="hidden layer widths, comma separated")
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--cards", type=int, default=2_000)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+
+    x_raw, y = build_dataset(args.events, args.cards, args.seed, lateness_s=60)
+    x = signed_log(x_raw)
+    mean, std = x.mean(0), x.std(0) + 1e-6
+    x = (x - mean) / std
+    split = int(len(x) * 0.8)
+    hidden = [int(h) for h in args.hidden.split(",") if h]
+    params = train(x[:split], y[:split], hidden, args.seed, args.epochs)
+    scores = predict(x[split:], params)
+    metrics = {
+        "events": int(len(x)), "fraud_rate": round(float(y.mean()), 5),
+        "holdout_auc": round(auc(scores, y[split:]), 4),
+        "holdout_recall_at_0.5": round(float((scores[y[split:] == 1] >= 0.5).mean()), 4),
+        "holdout_flag_rate_at_0.5": round(float((scores >= 0.5).mean()), 4),
+        "seed": args.seed, "hidden": hidden,
+    }
+    model = to_onnx(params, mean, std, args.name, args.version, metrics)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, args.out)
+    print(f"wrote {args.out} ({args.out.stat().st_size} bytes): {json.dumps(metrics)}")
+
+
+if __name__ == "__main__":
+    main()
