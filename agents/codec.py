@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,12 @@ def decode_transaction(raw: bytes | None, max_bytes: int = MAX_RECORD_BYTES) -> 
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        return Invalid("invalid_json", f"not valid JSON: {exc}")
+        # NaN, Infinity and overflowing numbers are not JSON, but producers that write them (Python's
+        # json module does by default) deserve the precise reason; only this rare path pays for it.
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):
+            return Invalid("invalid_json", f"not valid JSON: {exc}")
     if not isinstance(obj, dict):
         return Invalid("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
     return _validate(obj)

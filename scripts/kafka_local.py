@@ -6,7 +6,7 @@
     python scripts/kafka_local.py status
 
 Settings (environment or flags): KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (port + 1000 when free),
-KAFKA_HOME (.cache/kafka: jars in libs/, data and logs in run-<port>/). Only the standard library is used
+KAFKA_HOME (.cache/kafka: jars in libs-<version>/, data and logs in run-<port>/ unless --run-dir). Only the standard library is used
 so the broker can start before the project's virtual environment exists.
 """
 
@@ -167,11 +167,11 @@ def pid_alive(pid: int) -> bool:
 class Broker:
     """One broker instance: its ports and its folder (config, data, logs, PID file)."""
 
-    def __init__(self, port: int, controller_port: int, home: Path) -> None:
+    def __init__(self, port: int, controller_port: int, home: Path, run_dir: Path | None = None) -> None:
         self.port = port
         self.controller_port = controller_port
         self.home = home
-        self.run_dir = home / f"run-{port}"
+        self.run_dir = run_dir or home / f"run-{port}"
         self.pid_file = self.run_dir / "kafka.pid"
 
     @property
@@ -273,9 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=int(os.environ.get("KAFKA_PORT", "9092")))
     parser.add_argument("--controller-port", type=int, default=int(os.environ.get("KAFKA_CONTROLLER_PORT", "0")))
     parser.add_argument("--home", type=Path, default=Path(os.environ.get("KAFKA_HOME", ROOT / ".cache" / "kafka")))
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="config, data, logs and PID file (default: <home>/run-<port>)")
     args = parser.parse_args(argv)
     controller_port = args.controller_port or args.port + 1000
-    broker = Broker(args.port, controller_port, args.home.resolve())
+    run_dir = args.run_dir.resolve() if args.run_dir else None
+    broker = Broker(args.port, controller_port, args.home.resolve(), run_dir)
     if args.command == "fetch":
         fetch_jars(broker.home)
         return 0

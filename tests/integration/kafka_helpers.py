@@ -1,0 +1,161 @@
+"""Helpers for tests against the real broker: a worker subprocess, producing and collecting records."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from app.loadgen import ensure_topics
+
+
+@dataclass
+class Topics:
+    """One test's topic names and app id, unique per test."""
+
+    input: str
+    predictions: str
+    dlq: str
+    late: str
+    app_id: str
+
+    @classmethod
+    def unique(cls, suffix: str) -> Topics:
+        return cls(f"tx-{suffix}", f"pred-{suffix}", f"dlq-{suffix}", f"late-{suffix}", f"seam-{suffix}")
+
+    def env(self) -> dict[str, str]:
+        return {
+            "SEAM_INPUT_TOPIC": self.input,
+            "SEAM_PREDICTIONS_TOPIC": self.predictions,
+            "SEAM_DLQ_TOPIC": self.dlq,
+            "SEAM_LATE_TOPIC": self.late,
+            "SEAM_APP_ID": self.app_id,
+        }
+
+
+class Worker:
+    """A ``seam worker`` subprocess with its own data folder, web port and log file."""
+
+    def __init__(self, bootstrap: str, env: dict[str, str], data_dir: Path, web_port: int) -> None:
+        self.web_port = web_port
+        self.log_path = data_dir / "worker.log"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_")}
+        full_env.update({
+            "SEAM_BROKER_URL": f"kafka://{bootstrap}",
+            "SEAM_DATA_DIR": str(data_dir),
+            "SEAM_WEB_PORT": str(web_port),
+            "SEAM_TOPIC_PARTITIONS": "4",
+            **env,
+        })
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "worker", "-l", "info"],
+            env=full_env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def get(self, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
+        """GET a path from this worker's web server."""
+        url = f"http://127.0.0.1:{self.web_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - loopback
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until the model is loaded and the web server answers."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if self.get("/model/")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"worker not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, wait, then SIGKILL; return the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+async def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:
+    """Send (key, value) records in order and wait for every ack."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, value, key=key) for key, value in records]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return len(futures)
+
+
+def encode(tx: dict[str, Any]) -> tuple[bytes, bytes]:
+    return tx["card_id"].encode(), orjson.dumps(tx)
+
+
+async def collect(
+    bootstrap: str,
+    topics: list[str],
+    done: Callable[[dict[str, list[dict[str, Any]]]], bool],
+    timeout_s: float,
+    settle_s: float = 2.0,
+) -> dict[str, list[dict[str, Any]]]:
+    """Read JSON records from the start of ``topics`` until ``done`` holds (then ``settle_s`` more)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    out: dict[str, list[dict[str, Any]]] = {t: [] for t in topics}
+    try:
+        partitions = []
+        for topic in topics:
+            for _ in range(100):
+                found = consumer.partitions_for_topic(topic)
+                if found:
+                    break
+                await consumer._client.force_metadata_update()  # noqa: SLF001 - topic may be new
+                await asyncio.sleep(0.1)
+            partitions += [TopicPartition(topic, p) for p in sorted(found or ())]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + timeout_s
+        settle_until: float | None = None
+        while time.monotonic() < (settle_until or deadline):
+            batch = await consumer.getmany(timeout_ms=200)
+            for tp, records in batch.items():
+                out[tp.topic] += [orjson.loads(r.value) | {"_kafka_ts": r.timestamp} for r in records]
+            if settle_until is None and done(out):
+                settle_until = time.monotonic() + settle_s
+    finally:
+        await consumer.stop()
+    return out
+
+
+def prepare_topics(bootstrap: str, topics: Topics, partitions: int = 4) -> None:
+    asyncio.run(ensure_topics(bootstrap, [topics.input, topics.predictions, topics.dlq, topics.late],
+                              partitions))
