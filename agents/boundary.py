@@ -11,6 +11,7 @@ dispatched and not yet delivered. When ``max_batch_size * (max_inflight_batches 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -114,10 +115,8 @@ class ModelBoundary(Generic[T]):
             if due is None or self._clock() < due:
                 self._wakeup.clear()
                 timeout = None if due is None else due - self._clock()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), timeout)
-                except TimeoutError:
-                    pass
                 continue
             await self._inflight.acquire()
             batch = self._batcher.take()
@@ -167,11 +166,10 @@ class ModelBoundary(Generic[T]):
         stats.infer_ms_total += infer_ms
         try:
             await self._deliver(result)
-        except BaseException as exc:
+        except Exception as exc:  # noqa: BLE001 - surfaced by run() and submit()
             self._failure = exc
             self._wakeup.set()
             self._space.set()
-            raise
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

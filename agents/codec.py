@@ -77,6 +77,8 @@ def _validate(obj: dict[str, Any]) -> Transaction | Invalid:
             return Invalid("wrong_type", f"{name!r} must be a string, got {type(value).__name__}")
         if not value or len(value) > MAX_ID_CHARS:
             return Invalid("out_of_range", f"{name!r} must have 1..{MAX_ID_CHARS} characters")
+        if not value.isascii() and not _is_utf8(value):
+            return Invalid("invalid_json", f"{name!r} contains an unpaired surrogate escape")
     ts = obj["ts"]
     if isinstance(ts, bool) or not isinstance(ts, int):
         return Invalid("wrong_type", f"'ts' must be an integer (epoch ms), got {type(ts).__name__}")
@@ -85,6 +87,8 @@ def _validate(obj: dict[str, Any]) -> Transaction | Invalid:
     amount = obj["amount"]
     if isinstance(amount, bool) or not isinstance(amount, int | float):
         return Invalid("wrong_type", f"'amount' must be a number, got {type(amount).__name__}")
+    if isinstance(amount, int) and abs(amount) > MAX_ABS_AMOUNT:
+        return Invalid("out_of_range", f"'amount' exceeds {MAX_ABS_AMOUNT:g} in magnitude")
     amount = float(amount)
     if not math.isfinite(amount):
         return Invalid("not_finite", f"'amount' must be finite, got {amount}")
@@ -94,6 +98,14 @@ def _validate(obj: dict[str, Any]) -> Transaction | Invalid:
     if country is not None and not isinstance(country, str):
         return Invalid("wrong_type", f"'country' must be a string, got {type(country).__name__}")
     return Transaction(obj["id"], obj["card_id"], ts, amount, obj["merchant_id"], country)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _text_or_base64(raw: bytes | None) -> tuple[str | None, bool]:

@@ -15,8 +15,10 @@ import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Any
 
-from faust.types import EventT, StreamT
+from faust import Stream
+from faust.types import EventT
 from mode import Service
 
 from agents.boundary import BatchResult, ModelBoundary
@@ -78,7 +80,7 @@ def _ack_or_crash(event: EventT, delivered: asyncio.Future[object]) -> None:
 class ScoringService(Service):
     """Owns the model runtime and the boundary; delivers scored batches to Kafka."""
 
-    def __init__(self, **kwargs: object) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.runtime: ModelRuntime | None = None
         self.boundary: ModelBoundary[ScoringItem] | None = None
@@ -155,8 +157,8 @@ app.service(scoring)  # type: ignore[arg-type]
 _watermarks: dict[int, Watermark] = {}
 
 
-@app.agent(transactions_topic)
-async def score_events(stream: StreamT[bytes]) -> None:
+@app.agent(transactions_topic)  # type: ignore[arg-type]  # noack() is on Stream, not StreamT
+async def score_events(stream: Stream[bytes]) -> None:
     """Compute each transaction's features and hand them to the model boundary."""
     boundary = await scoring.wait_ready()
     lateness_ms = int(settings.allowed_lateness_s * 1000)

@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import orjson
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
 
 from app.synthetic import TransactionGenerator
+from app.topics import ensure_topics
 
-__all__ = ["ProduceReport", "ensure_topics", "produce"]
+__all__ = ["ProduceReport", "produce"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,22 +31,6 @@ class ProduceReport:
     @property
     def rate(self) -> float:
         return self.sent / self.elapsed_s if self.elapsed_s else 0.0
-
-
-async def ensure_topics(bootstrap: str, topics: list[str], partitions: int, replication: int = 1) -> None:
-    """Create the topics that do not exist yet; existing ones are left as they are."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [NewTopic(t, partitions, replication) for t in topics if t not in existing]
-        if missing:
-            try:
-                await admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass
-    finally:
-        await admin.close()
 
 
 async def produce(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import faust
 
 from app.settings import Settings
+from app.topics import declare_topics
 
 __all__ = ["app", "main", "settings"]
 
@@ -32,6 +35,11 @@ app = faust.App(
     stream_wait_empty=False,
     autodiscover=False,
 )
+
+
+@app.on_worker_init.connect  # type: ignore[arg-type]
+def _declare_topics(sender: faust.App, **kwargs: Any) -> None:
+    declare_topics(settings)
 
 
 def main() -> None:

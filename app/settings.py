@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -56,6 +57,10 @@ class Settings:
     allowed_lateness_s: float = 60.0
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SettingsError(f"SEAM_{f.name.upper()} must be a finite number, got {value}")
         if self.max_batch_size < 1:
             raise SettingsError(f"SEAM_MAX_BATCH_SIZE must be >= 1, got {self.max_batch_size}")
         if self.max_wait_ms < 0:

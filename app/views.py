@@ -37,7 +37,7 @@ class ModelView(View):
 class CardFeaturesView(View):
     """The stored event-time state of one card, answered by the worker that owns its partition."""
 
-    @app.table_route(table=card_state, match_info="card_id")
+    @app.table_route(table=card_state, match_info="card_id")  # type: ignore[arg-type]
     async def get(self, request: Request, card_id: str) -> Response:
         state = load_state(card_id)
         if state is None:

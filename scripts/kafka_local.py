@@ -5,15 +5,16 @@
     python scripts/kafka_local.py down   # stop the broker this script started (by PID)
     python scripts/kafka_local.py status
 
-Settings (environment or flags): KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (port + 1000 when free),
-KAFKA_HOME (.cache/kafka: jars in libs-<version>/, data and logs in run-<port>/ unless --run-dir). Only the standard library is used
-so the broker can start before the project's virtual environment exists.
+Settings (environment or flags): KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (port + 1000),
+KAFKA_HOME (.cache/kafka: jars in libs-<version>/; data and logs in run-<port>/ unless --run-dir).
+Only the standard library is used, so the broker can start before the project's virtualenv exists.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -261,10 +262,8 @@ class Broker:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):  # not our child: nothing to reap
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

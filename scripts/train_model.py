@@ -63,7 +63,7 @@ def train(x: np.ndarray, y: np.ndarray, hidden: list[int], seed: int, epochs: in
     """Fit an MLP with ReLU layers and a sigmoid output; return [(W, b), ...]."""
     rng = np.random.default_rng(seed)
     sizes = [x.shape[1], *hidden, 1]
-    params = [(rng.normal(0, np.sqrt(2 / a), (a, b)), np.zeros(b)) for a, b in zip(sizes, sizes[1:])]
+    params = [(rng.normal(0, np.sqrt(2 / a), (a, b)), np.zeros(b)) for a, b in zip(sizes, sizes[1:], strict=False)]
     moments = [[np.zeros_like(w), np.zeros_like(b), np.zeros_like(w), np.zeros_like(b)] for w, b in params]
     # Weight positives by the square root of the class ratio: recall without flooding alerts.
     pos_weight = np.sqrt((len(y) - y.sum()) / max(y.sum(), 1))

@@ -84,7 +84,7 @@ def apply_event(
         state["n"] += 1
         seq = state["n"]
         events.append([seq, ts_ms, amount, merchant_id, event_id])
-        _evict(state, allowed_lateness_ms + spec.max_window_ms)
+        _evict(state, allowed_lateness_ms + spec.max_window_ms, keep_seq=seq)
     else:
         # A redelivered event is scored with the features it had: its own stored values, and only
         # the events applied before it.
@@ -93,13 +93,16 @@ def apply_event(
     return Applied(_features(state, seq, (ts_ms, amount), spec), duplicate)
 
 
-def _evict(state: CardState, horizon_ms: int) -> None:
+def _evict(state: CardState, horizon_ms: int, keep_seq: int) -> None:
     events: list[list[Any]] = state["ev"]
     cutoff = max(row[1] for row in events) - horizon_ms
-    if min(row[1] for row in events) > cutoff:
+    # The event just applied stays until the next one even when it is already that old (an old event
+    # replayed after the in-memory watermark was lost): its own windows must contain it.
+    expired = [row for row in events if row[1] <= cutoff and row[0] != keep_seq]
+    if not expired:
         return
-    kept = [row for row in events if row[1] > cutoff]
-    evicted_max = max(row[1] for row in events if row[1] <= cutoff)
+    kept = [row for row in events if row[1] > cutoff or row[0] == keep_seq]
+    evicted_max = max(row[1] for row in expired)
     state["prev"] = evicted_max if state["prev"] is None else max(state["prev"], evicted_max)
     state["ev"] = kept
 
@@ -121,7 +124,7 @@ def _features(state: CardState, seq: int, this: tuple[int, float], spec: Feature
         merchants[w] = len({row[3] for row in visible if row[1] > lower})
         out += [float(count), total, mean, float(max(amounts))]
     previous = [row[1] for row in visible if row[0] != seq]
-    if state["prev"] is not None:
+    if state["prev"] is not None and state["prev"] <= ts_ms:
         previous.append(state["prev"])
     out.append((ts_ms - max(previous)) / 1000.0 if previous else -1.0)
     out.append(float(merchants[spec.distinct_window_s]))

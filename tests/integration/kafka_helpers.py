@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from app.loadgen import ensure_topics
+from app.topics import assign_all, ensure_topics
 
 
 @dataclass
@@ -132,17 +132,7 @@ async def collect(
     await consumer.start()
     out: dict[str, list[dict[str, Any]]] = {t: [] for t in topics}
     try:
-        partitions = []
-        for topic in topics:
-            for _ in range(100):
-                found = consumer.partitions_for_topic(topic)
-                if found:
-                    break
-                await consumer._client.force_metadata_update()  # noqa: SLF001 - topic may be new
-                await asyncio.sleep(0.1)
-            partitions += [TopicPartition(topic, p) for p in sorted(found or ())]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
+        await assign_all(consumer, bootstrap, topics, from_end=False)
         deadline = time.monotonic() + timeout_s
         settle_until: float | None = None
         while time.monotonic() < (settle_until or deadline):

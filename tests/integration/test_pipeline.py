@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from pathlib import Path
 from typing import Any
 
 import orjson

@@ -1,0 +1,56 @@
+# seam: `make demo` to see it score a live stream, `make test` to run every test.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+KAFKA_PORT ?= 9092
+export KAFKA_PORT
+
+.DEFAULT_GOAL := help
+.PHONY: help install kafka-jars kafka-up kafka-down kafka-status demo test unit integration lint model clean
+
+help:  ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+
+install: $(VENV)/.installed  ## Create .venv and install seam with its dev dependencies.
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "seam needs Python 3.11 or newer")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+kafka-jars:  ## Fetch Apache Kafka's jars from Maven Central (once) into .cache/kafka.
+	@$(PYTHON) scripts/kafka_local.py fetch
+
+kafka-up: kafka-jars  ## Start a local single-node broker on 127.0.0.1:$KAFKA_PORT (idempotent).
+	@$(PYTHON) scripts/kafka_local.py up
+
+kafka-down:  ## Stop the local broker started by kafka-up.
+	@$(PYTHON) scripts/kafka_local.py down
+
+kafka-status:  ## Say whether the local broker runs.
+	@$(PYTHON) scripts/kafka_local.py status
+
+demo: install kafka-jars  ## Start a broker and a worker, score ~30 s of live transactions, stop both.
+	$(PY) scripts/demo.py
+
+test: install kafka-jars  ## Run unit and integration tests (starts and stops its own broker).
+	$(PY) -m pytest
+
+unit: install  ## Run the unit tests only (no broker).
+	$(PY) -m pytest tests/unit
+
+integration: install kafka-jars  ## Run the integration tests only.
+	$(PY) -m pytest tests/integration
+
+lint: install  ## ruff and mypy.
+	$(PY) -m ruff check app agents tables scripts tests
+	$(PY) -m mypy app agents tables
+
+model: install  ## Retrain models/fraud-mlp.onnx (deterministic).
+	$(PY) scripts/train_model.py
+
+clean:  ## Remove local data (not the venv or the Kafka jars).
+	rm -rf .data .pytest_cache

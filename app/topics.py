@@ -1,0 +1,77 @@
+"""Create seam's topics before a worker subscribes to them.
+
+A topic created while the consumer is already subscribed is only picked up at its next metadata
+refresh (minutes), so a worker declares every topic it reads or writes before Faust starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from app.settings import Settings
+
+__all__ = ["assign_all", "declare_topics", "ensure_topics", "partition_counts"]
+
+
+async def ensure_topics(bootstrap: str, topics: list[str], partitions: int, replication: int = 1) -> None:
+    """Create the topics that do not exist yet; existing ones are left as they are."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [NewTopic(t, partitions, replication) for t in topics if t not in existing]
+        if missing:
+            response = await admin.create_topics(missing)
+            for name, code, *rest in response.topic_errors:
+                # Another worker may have created it between the listing and the request.
+                if code not in (0, TopicAlreadyExistsError.errno):
+                    message = rest[0] if rest else ""
+                    raise RuntimeError(f"creating topic {name!r} failed: error {code} {message}")
+    finally:
+        await admin.close()
+
+
+def declare_topics(settings: Settings, timeout_s: float = 60.0) -> None:
+    """Create the input, predictions, dead-letter and late topics; callable before the loop runs."""
+    names = [settings.input_topic, settings.predictions_topic, settings.dlq_topic, settings.late_topic]
+    coro = ensure_topics(settings.broker_bootstrap, names, settings.topic_partitions,
+                         settings.topic_replication_factor)
+    # Its own thread and loop: Faust's loop is not running yet and must not be replaced.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, coro).result(timeout=timeout_s)
+
+
+async def partition_counts(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """Ask the cluster how many partitions each topic has; raises ``LookupError`` for a missing one."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    counts = {t["topic"]: len(t["partitions"]) for t in described if not t.get("error_code")}
+    missing = [t for t in topics if t not in counts]
+    if missing:
+        raise LookupError(f"topics {missing} do not exist")
+    return counts
+
+
+async def assign_all(
+    consumer: AIOKafkaConsumer, bootstrap: str, topics: list[str], *, from_end: bool,
+) -> list[TopicPartition]:
+    """Assign every partition of ``topics`` (which must exist) and seek to their start or end."""
+    counts = await partition_counts(bootstrap, topics)
+    partitions = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
+    consumer.assign(partitions)
+    if from_end:
+        await consumer.seek_to_end(*partitions)
+        for tp in partitions:
+            await consumer.position(tp)  # resolve the end now, not at the first fetch
+    else:
+        await consumer.seek_to_beginning(*partitions)
+    return partitions

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""``make demo``: start a broker and one worker, score ~30 s of live transactions, print a summary.
+
+Everything the demo starts (the broker unless one was already running, and the worker) is stopped
+before it exits, also on Ctrl-C. Options: ``--rate`` (events/s), ``--duration`` (s), ``--cards``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kafka_local
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from app.loadgen import produce
+from app.settings import Settings
+from app.synthetic import TransactionGenerator
+from app.topics import assign_all
+
+ROOT = Path(__file__).resolve().parent.parent
+console = Console()
+
+
+class Tally:
+    """What came back from the worker, for the live line and the summary."""
+
+    def __init__(self) -> None:
+        self.sent_ms: dict[str, int] = {}
+        self.scored: dict[str, int] = {}
+        self.duplicates = 0
+        self.fraud = 0
+        self.late = 0
+        self.dead = 0
+        self.latency_ms: list[float] = []
+        self.batch_sizes: list[int] = []
+
+    def on_prediction(self, record: dict[str, Any], kafka_ts: int) -> None:
+        tx_id = record["id"]
+        if tx_id not in self.sent_ms:
+            return  # not from this run
+        if tx_id in self.scored:
+            self.duplicates += 1
+            return
+        self.scored[tx_id] = kafka_ts
+        self.fraud += record["is_fraud"]
+        self.latency_ms.append(kafka_ts - self.sent_ms[tx_id])
+        self.batch_sizes.append(record["timing"]["batch_size"])
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latency_ms, q)) if self.latency_ms else float("nan")
+
+    def line(self, produced: int, total: int) -> str:
+        mean_batch = float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0
+        return (f"produced {produced}/{total}  scored {len(self.scored)}  fraud flagged {self.fraud}  "
+                f"late {self.late}  dead letters {self.dead}  "
+                f"e2e p50 {self.percentile(50):.1f} ms  p99 {self.percentile(99):.1f} ms  "
+                f"mean batch {mean_batch:.1f}")
+
+
+async def consume(settings: Settings, tally: Tally, ready: asyncio.Event, stop: asyncio.Event) -> None:
+    """Follow predictions, dead letters and late records from their current end."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker_bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        topics = [settings.predictions_topic, settings.dlq_topic, settings.late_topic]
+        await assign_all(consumer, settings.broker_bootstrap, topics, from_end=True)
+        ready.set()
+        while not stop.is_set():
+            for tp, records in (await consumer.getmany(timeout_ms=100)).items():
+                for record in records:
+                    value = orjson.loads(record.value)
+                    if tp.topic == settings.predictions_topic:
+                        tally.on_prediction(value, record.timestamp)
+                    elif tp.topic == settings.late_topic:
+                        tally.late += value["event"]["id"] in tally.sent_ms
+                    else:
+                        tally.dead += 1
+    finally:
+        await consumer.stop()
+
+
+async def get_json(url: str) -> dict[str, Any] | None:
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url, timeout=aiohttp.ClientTimeout(2)) as r:
+            return await r.json() if r.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+async def wait_ready(url: str, worker: subprocess.Popen[bytes], log: Path, timeout_s: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if worker.poll() is not None:
+            raise SystemExit(f"demo: the worker exited with {worker.returncode}; see {log}")
+        model = await get_json(url)
+        if model is not None:
+            return model
+        await asyncio.sleep(0.5)
+    raise SystemExit(f"demo: the worker did not become ready in {timeout_s:.0f}s; see {log}")
+
+
+async def run(args: argparse.Namespace, settings: Settings, web: str, worker: subprocess.Popen[bytes],
+              log: Path) -> int:
+    model = await wait_ready(f"{web}/model/", worker, log)
+    console.print(f"worker ready: model {model['model']} on {model['provider']}, web {web}/model/")
+    tally, ready, stop = Tally(), asyncio.Event(), asyncio.Event()
+    consumer = asyncio.create_task(consume(settings, tally, ready, stop))
+    await asyncio.wait([consumer, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
+    if consumer.done():
+        consumer.result()  # raises what stopped it
+    seed = int(time.time())
+    generator = _Recording(TransactionGenerator(cards=args.cards, seed=seed, id_prefix=f"demo{seed}",
+                                                start_ms=int(time.time() * 1000), late_rate=0.0), tally)
+    total = int(args.rate * args.duration)
+    progress = {"sent": 0}
+    with Live(tally.line(0, total), console=console, refresh_per_second=4) as live:
+        producing = asyncio.create_task(produce(
+            settings.broker_bootstrap, settings.input_topic, rate=args.rate, duration_s=args.duration,
+            generator=generator, partitions=settings.topic_partitions,
+            on_progress=lambda done, _total: progress.__setitem__("sent", done)))
+        while not producing.done():
+            live.update(tally.line(progress["sent"], total))
+            await asyncio.sleep(0.25)
+        report = producing.result()
+        deadline = time.monotonic() + 60
+        while len(tally.scored) + tally.late + tally.dead < report.sent and time.monotonic() < deadline:
+            live.update(tally.line(report.sent, total))
+            await asyncio.sleep(0.25)
+        await asyncio.sleep(1.0)  # let duplicates, if any, show up
+        live.update(tally.line(report.sent, total))
+    stats = (await get_json(f"{web}/model/") or {}).get("stats", {})
+    stop.set()
+    await consumer
+    return summary(report.sent, tally, args, stats, model, web)
+
+
+class _Recording:
+    """Wrap the generator to remember when each id was handed to the producer."""
+
+    def __init__(self, generator: TransactionGenerator, tally: Tally) -> None:
+        self._generator = generator
+        self._tally = tally
+
+    def __iter__(self) -> _Recording:
+        return self
+
+    def __next__(self) -> tuple[dict[str, Any], bool]:
+        tx, fraud = next(self._generator)
+        self._tally.sent_ms[tx["id"]] = int(time.time() * 1000)
+        return tx, fraud
+
+
+def summary(sent: int, tally: Tally, args: argparse.Namespace, stats: dict[str, Any], model: dict[str, Any],
+            web: str) -> int:
+    """Print the run's numbers; return 0 when every transaction is accounted for exactly once."""
+    scored = len(tally.scored)
+    latency = (f"p50 {tally.percentile(50):.1f} ms  p95 {tally.percentile(95):.1f} ms  "
+               f"p99 {tally.percentile(99):.1f} ms  max {max(tally.latency_ms or [0]):.0f} ms")
+    rows = [
+        ("produced", f"{sent} transactions, open loop at {args.rate:.0f}/s for {args.duration:.0f} s"),
+        ("scored", f"{scored} (one prediction per id; duplicates {tally.duplicates})"),
+        ("late / dead letters", f"{tally.late} / {tally.dead}"),
+        ("fraud flagged", f"{tally.fraud} ({100 * tally.fraud / max(1, scored):.1f} %)"),
+        ("end-to-end latency", latency),
+        ("model batches", f"{stats.get('batches', 0)}, mean size {stats.get('mean_batch_size', 0):.1f}, "
+                          f"mean inference {stats.get('mean_infer_ms', 0):.2f} ms"),
+        ("model", f"{model['model']} on {model['provider']}"),
+        ("web (while a worker runs)", f"{web}/model/  {web}/features/<card_id>/"),
+    ]
+    table = Table(title="seam demo summary", show_header=False)
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    ok = scored + tally.late + tally.dead == sent and tally.duplicates == 0
+    console.print("[green]every transaction accounted for[/green]" if ok
+                  else "[red]some transactions were not accounted for[/red]")
+    return 0 if ok else 1
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, _interrupt)  # clean up on `kill` as on Ctrl-C
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=1000.0)
+    parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--cards", type=int, default=2000)
+    args = parser.parse_args()
+
+    port = int(os.environ.get("KAFKA_PORT", "9092"))
+    broker = kafka_local.Broker(port, int(os.environ.get("KAFKA_CONTROLLER_PORT", port + 1000)),
+                                ROOT / ".cache" / "kafka")
+    started_broker = broker.pid() is None or not kafka_local.metadata_ok(port)
+    if started_broker:
+        broker.up()
+    data_dir = ROOT / ".data" / "demo"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_") or k == "SEAM_DEVICE"}
+    env.update({"SEAM_BROKER_URL": f"kafka://{broker.bootstrap}", "SEAM_APP_ID": "seam-demo",
+                "SEAM_DATA_DIR": str(data_dir)})
+    settings = Settings.from_env({k: v for k, v in env.items() if k.startswith("SEAM_")})
+    web = f"http://{settings.web_host}:{settings.web_port}"
+    log = data_dir / "worker.log"
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        with open(log, "wb") as out:
+            worker = subprocess.Popen([sys.executable, "-m", "app", "worker", "-l", "info"], env=env,
+                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        console.print(f"worker started (pid {worker.pid}, log {log})")
+        return asyncio.run(run(args, settings, web, worker, log))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if worker is not None:
+            stop_process(worker)
+            console.print(f"worker stopped (pid {worker.pid})")
+        if started_broker:
+            broker.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

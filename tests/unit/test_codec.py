@@ -1,0 +1,580 @@
+"""Unit tests for agents.codec: validation reason codes, dead letters, predictions, late records."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from agents.codec import (
+    MAX_ID_CHARS,
+    MAX_RECORD_BYTES,
+    Invalid,
+    Transaction,
+    dead_letter,
+    decode_transaction,
+    late_record,
+    prediction,
+)
+
+TS = 1_764_500_000_123
+PROPERTY = hsettings(max_examples=300, derandomize=True, database=None, deadline=None)
+REASONS = {
+    "empty_value",
+    "too_large",
+    "invalid_json",
+    "not_an_object",
+    "missing_field",
+    "wrong_type",
+    "out_of_range",
+    "not_finite",
+}
+
+
+@pytest.fixture
+def record() -> Callable[..., dict[str, Any]]:
+    """Factory: a valid transaction dict, with overrides; pass ``drop=[...]`` to remove fields."""
+
+    def make(drop: tuple[str, ...] = (), **overrides: Any) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "id": "tx-1",
+            "card_id": "c-1",
+            "ts": TS,
+            "amount": 12.5,
+            "merchant_id": "m-1",
+            "country": "DE",
+        }
+        obj.update(overrides)
+        for name in drop:
+            obj.pop(name)
+        return obj
+
+    return make
+
+
+def encode(obj: Any) -> bytes:
+    """JSON-encode like a Python producer would (NaN/Infinity allowed)."""
+    return json.dumps(obj).encode()
+
+
+def reason(raw: bytes | None, **kwargs: Any) -> str:
+    """Decode and return the Invalid reason (fails the test on a Transaction)."""
+    result = decode_transaction(raw, **kwargs)
+    assert isinstance(result, Invalid), result
+    assert result.message
+    return result.reason
+
+
+# --- valid records --------------------------------------------------------------------------------
+
+
+def test_valid_record_decodes(record: Callable[..., dict[str, Any]]) -> None:
+    """A valid record becomes a Transaction with the same values."""
+    tx = decode_transaction(encode(record()))
+    assert tx == Transaction(
+        id="tx-1", card_id="c-1", ts=TS, amount=12.5, merchant_id="m-1", country="DE"
+    )
+
+
+def test_integer_amount_becomes_float(record: Callable[..., dict[str, Any]]) -> None:
+    """An integer amount is accepted and stored as float."""
+    tx = decode_transaction(encode(record(amount=7)))
+    assert isinstance(tx, Transaction)
+    assert tx.amount == 7.0
+    assert type(tx.amount) is float
+
+
+def test_country_is_optional(record: Callable[..., dict[str, Any]]) -> None:
+    """A missing or null country gives country None."""
+    for obj in (record(drop=("country",)), record(country=None)):
+        tx = decode_transaction(encode(obj))
+        assert isinstance(tx, Transaction)
+        assert tx.country is None
+
+
+def test_unknown_fields_are_ignored(record: Callable[..., dict[str, Any]]) -> None:
+    """Extra fields of any type do not affect the result."""
+    obj = record(extra={"nested": [1, 2]}, flag=True, note=None, score=1e300)
+    assert decode_transaction(encode(obj)) == decode_transaction(encode(record()))
+
+
+def test_boundary_values_are_accepted(record: Callable[..., dict[str, Any]]) -> None:
+    """Limits are inclusive: 128-char ids, ts range ends, amount +-1e12; zero/negative ok."""
+    for obj in (
+        record(id="x" * MAX_ID_CHARS, card_id="c" * MAX_ID_CHARS, merchant_id="m" * MAX_ID_CHARS),
+        record(ts=1_000_000_000_000),
+        record(ts=9_999_999_999_999),
+        record(amount=1e12),
+        record(amount=-1e12),
+        record(amount=0),
+        record(amount=-3.25),
+    ):
+        assert isinstance(decode_transaction(encode(obj)), Transaction), obj
+
+
+def test_value_of_exactly_max_bytes_is_accepted(record: Callable[..., dict[str, Any]]) -> None:
+    """The size limit is inclusive."""
+    raw = encode(record())
+    assert isinstance(decode_transaction(raw, max_bytes=len(raw)), Transaction)
+
+
+def test_whitespace_and_unicode_ids(record: Callable[..., dict[str, Any]]) -> None:
+    """Non-ASCII ids are fine, and so is JSON with surrounding whitespace."""
+    raw = b"  \n" + encode(record(id="tx-\u00e9\u4e2d", card_id="karte-\u00fc")) + b"\n "
+    tx = decode_transaction(raw)
+    assert isinstance(tx, Transaction)
+    assert tx.id == "tx-\u00e9\u4e2d"
+    assert tx.card_id == "karte-\u00fc"
+
+
+# --- each reason code -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", [b"", None])
+def test_empty_value(raw: bytes | None) -> None:
+    """No value at all, or zero bytes."""
+    assert reason(raw) == "empty_value"
+
+
+def test_too_large(record: Callable[..., dict[str, Any]]) -> None:
+    """A value above max_bytes is rejected before parsing, with the sizes in the message."""
+    raw = encode(record())
+    result = decode_transaction(raw, max_bytes=len(raw) - 1)
+    assert isinstance(result, Invalid)
+    assert result.reason == "too_large"
+    assert str(len(raw)) in result.message
+    big = encode(record(pad="x" * MAX_RECORD_BYTES))
+    assert reason(big) == "too_large"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{",
+        b'{"id": "a",',
+        b"not json",
+        b"\xff\xfe\x00garbage",
+        b"{'id': 'a'}",
+        b"{}}",
+        b'{"a":1,}',
+    ],
+)
+def test_invalid_json(raw: bytes) -> None:
+    """Bytes that are not JSON."""
+    assert reason(raw) == "invalid_json"
+
+
+@pytest.mark.parametrize("raw", [b"[1, 2, 3]", b'"text"', b"42", b"null", b"true", b"[]"])
+def test_not_an_object(raw: bytes) -> None:
+    """JSON that is not an object."""
+    assert reason(raw) == "not_an_object"
+
+
+@pytest.mark.parametrize("name", ["id", "card_id", "ts", "amount", "merchant_id"])
+def test_missing_field(record: Callable[..., dict[str, Any]], name: str) -> None:
+    """Each required field, absent or null, is missing_field naming it."""
+    for obj in (record(drop=(name,)), record(**{name: None})):
+        result = decode_transaction(encode(obj))
+        assert isinstance(result, Invalid)
+        assert result.reason == "missing_field"
+        assert name in result.message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"ts": "1764500000123"}, "ts"),
+        ({"ts": "yesterday"}, "ts"),
+        ({"ts": 1764500000123.0}, "ts"),
+        ({"ts": True}, "ts"),
+        ({"amount": True}, "amount"),
+        ({"amount": "12.5"}, "amount"),
+        ({"amount": [1]}, "amount"),
+        ({"id": 12345}, "id"),
+        ({"card_id": 7}, "card_id"),
+        ({"merchant_id": ["m"]}, "merchant_id"),
+        ({"country": 49}, "country"),
+    ],
+)
+def test_wrong_type(
+    record: Callable[..., dict[str, Any]], overrides: dict[str, Any], field: str
+) -> None:
+    """Fields of the wrong JSON type, naming the field."""
+    result = decode_transaction(encode(record(**overrides)))
+    assert isinstance(result, Invalid)
+    assert result.reason == "wrong_type"
+    assert field in result.message
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"ts": 1_764_500_000},  # seconds, not milliseconds
+        {"ts": 1_764_500_000_123_000},  # microseconds
+        {"ts": 0},
+        {"ts": -1},
+        {"ts": 999_999_999_999},
+        {"ts": 10_000_000_000_000},
+        {"id": ""},
+        {"card_id": ""},
+        {"merchant_id": ""},
+        {"id": "x" * (MAX_ID_CHARS + 1)},
+        {"card_id": "c" * (MAX_ID_CHARS + 1)},
+        {"amount": 1e12 + 1},
+        {"amount": -2e12},
+    ],
+)
+def test_out_of_range(record: Callable[..., dict[str, Any]], overrides: dict[str, Any]) -> None:
+    """Values of the right type outside their allowed range."""
+    assert reason(encode(record(**overrides))) == "out_of_range"
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"1e999", b"-1e999", b"Infinity", b"-Infinity"])
+def test_not_finite(literal: bytes) -> None:
+    """NaN and infinite amounts (non-standard JSON some producers write) are not_finite."""
+    raw = (
+        b'{"id": "a", "card_id": "c", "ts": 1764500000123, "amount": '
+        + literal
+        + b', "merchant_id": "m"}'
+    )
+    assert reason(raw) == "not_finite"
+
+
+def test_huge_integer_amount_does_not_raise() -> None:
+    """An integer amount too large for a float is rejected, not raised (decode never raises)."""
+    raw = (
+        b'{"id": "a", "card_id": "c", "ts": 1764500000123, "amount": 1'
+        + b"0" * 400
+        + b', "merchant_id": "m"}'
+    )
+    result = decode_transaction(raw)  # OverflowError here would crash the scoring agent
+    assert isinstance(result, Invalid)
+    assert result.reason in {"out_of_range", "not_finite"}
+
+
+def test_decoded_transactions_can_always_be_encoded() -> None:
+    """A record decoded to a Transaction must be encodable as a prediction (lone surrogates)."""
+    raw = (
+        b'{"id": "\\ud800", "card_id": "c", "ts": 1764500000123, "amount": 1.0, "merchant_id": "m"}'
+    )
+    result = decode_transaction(raw)
+    if isinstance(result, Transaction):
+        # Accepting it means the scoring path must be able to write its prediction.
+        prediction(
+            result,
+            score=0.5,
+            threshold=0.5,
+            model="m@1",
+            feature_names=("f",),
+            features=(1.0,),
+            queue_ms=0.0,
+            infer_ms=0.0,
+            batch_size=1,
+        )
+    else:
+        assert result.reason in REASONS
+
+
+# --- dead letters ---------------------------------------------------------------------------------
+
+
+def test_dead_letter_fields() -> None:
+    """A dead letter carries the reason, the source position and the original text."""
+    out = orjson.loads(
+        dead_letter(
+            Invalid("invalid_json", "not valid JSON: boom"),
+            topic="transactions",
+            partition=3,
+            offset=41,
+            key=b"c-1",
+            value=b'{"id": ',
+            routed_at_ms=1_764_500_000_999,
+        )
+    )
+    assert out == {
+        "reason": "invalid_json",
+        "message": "not valid JSON: boom",
+        "topic": "transactions",
+        "partition": 3,
+        "offset": 41,
+        "key": "c-1",
+        "key_base64": False,
+        "value": '{"id": ',
+        "value_base64": False,
+        "routed_at": 1_764_500_000_999,
+    }
+
+
+def test_dead_letter_base64_for_non_utf8() -> None:
+    """Non-UTF-8 key and value are base64 encoded and flagged; decoding gives the original bytes."""
+    key, value = b"\xff\x00key", b"\xff\xfe\x00garbage\x80"
+    out = orjson.loads(
+        dead_letter(
+            Invalid("invalid_json", "x"),
+            topic="t",
+            partition=0,
+            offset=0,
+            key=key,
+            value=value,
+            routed_at_ms=1,
+        )
+    )
+    assert out["value_base64"] is True
+    assert out["key_base64"] is True
+    assert base64.b64decode(out["value"]) == value
+    assert base64.b64decode(out["key"]) == key
+
+
+def test_dead_letter_without_key_or_value() -> None:
+    """A tombstone (no key, no value) becomes nulls, not base64."""
+    out = orjson.loads(
+        dead_letter(
+            Invalid("empty_value", "record has no value"),
+            topic="t",
+            partition=1,
+            offset=2,
+            key=None,
+            value=None,
+            routed_at_ms=3,
+        )
+    )
+    assert out["key"] is None and out["key_base64"] is False
+    assert out["value"] is None and out["value_base64"] is False
+    assert out["reason"] == "empty_value"
+
+
+@PROPERTY
+@given(st.binary(max_size=200), st.one_of(st.none(), st.binary(max_size=50)))
+def test_dead_letter_round_trips_any_bytes(value: bytes, key: bytes | None) -> None:
+    """Whatever the bytes, the dead letter is JSON and restores them exactly."""
+    out = orjson.loads(
+        dead_letter(
+            Invalid("invalid_json", "x"),
+            topic="t",
+            partition=0,
+            offset=9,
+            key=key,
+            value=value,
+            routed_at_ms=1,
+        )
+    )
+    restored = base64.b64decode(out["value"]) if out["value_base64"] else out["value"].encode()
+    assert restored == value
+    if key is None:
+        assert out["key"] is None
+    else:
+        assert (base64.b64decode(out["key"]) if out["key_base64"] else out["key"].encode()) == key
+
+
+# --- predictions and late records -----------------------------------------------------------------
+
+
+def make_tx(**overrides: Any) -> Transaction:
+    """A Transaction for encoding tests."""
+    values: dict[str, Any] = {
+        "id": "tx-9",
+        "card_id": "c-9",
+        "ts": TS,
+        "amount": 99.5,
+        "merchant_id": "m-9",
+        "country": None,
+    }
+    values.update(overrides)
+    return Transaction(**values)
+
+
+def test_prediction_fields() -> None:
+    """A prediction has the event's identity, score, decision, model, named features and timing."""
+    out = orjson.loads(
+        prediction(
+            make_tx(),
+            score=0.875,
+            threshold=0.5,
+            model="fraud-mlp@1",
+            feature_names=("a", "b", "c"),
+            features=(1.0, 2.5, -1.0),
+            queue_ms=1.23456,
+            infer_ms=0.98765,
+            batch_size=17,
+        )
+    )
+    assert out == {
+        "id": "tx-9",
+        "card_id": "c-9",
+        "ts": TS,
+        "score": 0.875,
+        "is_fraud": True,
+        "model": "fraud-mlp@1",
+        "features": {"a": 1.0, "b": 2.5, "c": -1.0},
+        "timing": {"queue_ms": 1.235, "infer_ms": 0.988, "batch_size": 17},
+    }
+    assert list(out["features"]) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("score", "flag"), [(0.5, True), (0.4999, False), (0.0, False), (1.0, True)]
+)
+def test_prediction_threshold_is_inclusive(score: float, flag: bool) -> None:
+    """is_fraud is score >= threshold."""
+    out = orjson.loads(
+        prediction(
+            make_tx(),
+            score=score,
+            threshold=0.5,
+            model="m",
+            feature_names=(),
+            features=(),
+            queue_ms=0,
+            infer_ms=0,
+            batch_size=1,
+        )
+    )
+    assert out["is_fraud"] is flag
+
+
+def test_prediction_rejects_mismatched_feature_lengths() -> None:
+    """Names and values must pair up exactly."""
+    with pytest.raises(ValueError):
+        prediction(
+            make_tx(),
+            score=0.1,
+            threshold=0.5,
+            model="m",
+            feature_names=("a", "b"),
+            features=(1.0,),
+            queue_ms=0,
+            infer_ms=0,
+            batch_size=1,
+        )
+
+
+def test_late_record_fields(record: Callable[..., dict[str, Any]]) -> None:
+    """A late record embeds the original event as JSON, with the watermark and position."""
+    raw = encode(record(ts=TS - 120_000))
+    tx = decode_transaction(raw)
+    assert isinstance(tx, Transaction)
+    watermark = TS - 60_000
+    out = orjson.loads(
+        late_record(
+            tx,
+            raw=raw,
+            watermark=watermark,
+            topic="transactions",
+            partition=5,
+            offset=77,
+            routed_at_ms=TS + 1,
+        )
+    )
+    assert out["reason"] == "late"
+    assert out["watermark"] == watermark
+    assert str(tx.ts) in out["message"] and str(watermark) in out["message"]
+    assert (out["topic"], out["partition"], out["offset"], out["routed_at"]) == (
+        "transactions",
+        5,
+        77,
+        TS + 1,
+    )
+    assert out["event"] == json.loads(raw)  # embedded as an object, not a string
+    assert set(out) == {
+        "reason",
+        "message",
+        "watermark",
+        "topic",
+        "partition",
+        "offset",
+        "event",
+        "routed_at",
+    }
+
+
+# --- properties: decode never raises --------------------------------------------------------------
+
+
+@PROPERTY
+@given(st.binary(max_size=300))
+def test_decode_never_raises_on_arbitrary_bytes(raw: bytes) -> None:
+    """Any bytes give a Transaction or an Invalid with a known reason."""
+    result = decode_transaction(raw)
+    assert isinstance(result, Transaction | Invalid)
+    if isinstance(result, Invalid):
+        assert result.reason in REASONS
+
+
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.integers(min_value=1_000_000_000_000, max_value=9_999_999_999_999),  # plausible ts
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+id_values = st.one_of(st.text(min_size=0, max_size=140), json_values)
+objects = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": id_values,
+        "card_id": id_values,
+        "merchant_id": id_values,
+        "ts": json_values,
+        "amount": json_values,
+        "country": st.one_of(st.none(), st.text(max_size=3), json_values),
+    },
+).flatmap(
+    lambda required: st.dictionaries(st.text(max_size=10), json_values, max_size=3).map(
+        lambda extra: {**extra, **required}
+    )
+)
+
+# Mostly valid records with arbitrary values mixed in, so that many decode to Transactions.
+near_valid = st.fixed_dictionaries(
+    {
+        "id": st.one_of(st.text(min_size=1, max_size=MAX_ID_CHARS), id_values),
+        "card_id": st.one_of(st.text(min_size=1, max_size=MAX_ID_CHARS), id_values),
+        "merchant_id": st.one_of(st.text(min_size=1, max_size=MAX_ID_CHARS), id_values),
+        "ts": st.one_of(
+            st.integers(min_value=1_000_000_000_000, max_value=9_999_999_999_999), json_values
+        ),
+        "amount": st.one_of(
+            st.floats(min_value=-1e12, max_value=1e12), st.integers(-(10**12), 10**12), json_values
+        ),
+    },
+    optional={"country": st.one_of(st.none(), st.text(max_size=3), json_values)},
+)
+
+
+@PROPERTY
+@given(st.one_of(objects, near_valid))
+def test_decode_never_raises_on_arbitrary_objects(obj: dict[str, Any]) -> None:
+    """Any JSON object gives a Transaction (with valid values) or an Invalid with a known reason."""
+    result = decode_transaction(encode(obj))
+    assert isinstance(result, Transaction | Invalid)
+    if isinstance(result, Invalid):
+        assert result.reason in REASONS
+    else:
+        assert math.isfinite(result.amount)
+        assert 1 <= len(result.id) <= MAX_ID_CHARS
+        assert result.id == obj["id"] and result.ts == obj["ts"]
+
+
+@PROPERTY
+@given(st.recursive(json_scalars, lambda c: st.lists(c, max_size=4), max_leaves=10))
+def test_non_objects_are_never_transactions(value: Any) -> None:
+    """JSON that is not an object is never accepted."""
+    result = decode_transaction(encode(value))
+    assert isinstance(result, Invalid)
+    assert result.reason in {"not_an_object", "invalid_json"}

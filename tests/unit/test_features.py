@@ -1,0 +1,669 @@
+"""Unit tests for tables.features: windows, arrival order, duplicates, eviction, watermark."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from tables.features import (
+    DEFAULT_SPEC,
+    Applied,
+    CardState,
+    FeatureSpec,
+    Watermark,
+    apply_event,
+    new_state,
+)
+
+T = 1_764_500_000_000  # an arbitrary epoch-ms origin
+S = 1_000  # one second in ms
+LATENESS_MS = 60 * S
+PROPERTY = hsettings(max_examples=150, derandomize=True, database=None, deadline=None)
+
+Apply = Callable[..., Applied]
+
+
+@dataclass(frozen=True, slots=True)
+class Ev:
+    """One test event."""
+
+    id: str
+    ts: int
+    amount: float
+    merchant: str
+
+
+@pytest.fixture
+def card() -> Callable[..., tuple[CardState, Apply]]:
+    """Factory: a fresh card state and an ``apply(id, ts, amount, merchant)`` bound to it."""
+
+    def make(
+        lateness_ms: int = LATENESS_MS, spec: FeatureSpec = DEFAULT_SPEC
+    ) -> tuple[CardState, Apply]:
+        state = new_state()
+
+        def apply(event_id: str, ts: int, amount: float = 1.0, merchant: str = "m") -> Applied:
+            return apply_event(
+                state, event_id, ts, amount, merchant, allowed_lateness_ms=lateness_ms, spec=spec
+            )
+
+        return state, apply
+
+    return make
+
+
+def feat(applied: Applied, name: str, spec: FeatureSpec = DEFAULT_SPEC) -> float:
+    """One named feature of an applied event."""
+    return applied.features[spec.names.index(name)]
+
+
+def window(applied: Applied, w: int) -> tuple[float, float, float, float]:
+    """(count, sum, mean, max) of one window."""
+    return (
+        feat(applied, f"count_{w}"),
+        feat(applied, f"amount_sum_{w}"),
+        feat(applied, f"amount_mean_{w}"),
+        feat(applied, f"amount_max_{w}"),
+    )
+
+
+# --- FeatureSpec ----------------------------------------------------------------------------------
+
+
+def test_default_spec_names_and_order() -> None:
+    """The default spec has 15 names in model order."""
+    expected = (
+        "count_60",
+        "amount_sum_60",
+        "amount_mean_60",
+        "amount_max_60",
+        "count_600",
+        "amount_sum_600",
+        "amount_mean_600",
+        "amount_max_600",
+        "count_3600",
+        "amount_sum_3600",
+        "amount_mean_3600",
+        "amount_max_3600",
+        "secs_since_prev",
+        "distinct_merchants_3600",
+        "amount_to_mean_3600",
+    )
+    assert DEFAULT_SPEC.names == expected
+    assert len(DEFAULT_SPEC.names) == 15
+    assert DEFAULT_SPEC.max_window_ms == 3_600_000
+
+
+def test_custom_spec_names_follow_windows() -> None:
+    """Names follow the windows given, in their order."""
+    spec = FeatureSpec(windows_s=(30, 120), distinct_window_s=30, ratio_window_s=120)
+    assert spec.names == (
+        "count_30",
+        "amount_sum_30",
+        "amount_mean_30",
+        "amount_max_30",
+        "count_120",
+        "amount_sum_120",
+        "amount_mean_120",
+        "amount_max_120",
+        "secs_since_prev",
+        "distinct_merchants_30",
+        "amount_to_mean_120",
+    )
+    assert spec.max_window_ms == 120_000
+
+
+@pytest.mark.parametrize(
+    ("distinct", "ratio"),
+    [(3600, 60), (60, 3600), (3600, 3600)],
+)
+def test_spec_rejects_windows_not_in_windows_s(distinct: int, ratio: int) -> None:
+    """distinct/ratio windows must be among windows_s."""
+    with pytest.raises(ValueError, match="among windows_s"):
+        FeatureSpec(windows_s=(60, 600), distinct_window_s=distinct, ratio_window_s=ratio)
+
+
+def test_spec_is_frozen() -> None:
+    """A spec cannot be changed after creation."""
+    with pytest.raises(AttributeError):
+        DEFAULT_SPEC.windows_s = (1,)  # type: ignore[misc]
+
+
+def test_custom_spec_feature_vector_length(card: Callable[..., tuple[CardState, Apply]]) -> None:
+    """apply_event returns one value per spec name, computed over the spec's windows."""
+    spec = FeatureSpec(windows_s=(10,), distinct_window_s=10, ratio_window_s=10)
+    _, apply = card(spec=spec)
+    apply("a", T, 2.0, "m1")
+    b = apply("b", T + 5 * S, 4.0, "m2")
+    c = apply("c", T + 12 * S, 6.0, "m1")
+    assert len(b.features) == len(spec.names) == 7
+    assert b.features == (2.0, 6.0, 3.0, 4.0, 5.0, 2.0, 4.0 / 3.0)
+    # (T+2s, T+12s]: only b and c.
+    assert c.features == (2.0, 10.0, 5.0, 6.0, 7.0, 2.0, 6.0 / 5.0)
+
+
+# --- hand-computed cases --------------------------------------------------------------------------
+
+
+def test_first_event_of_a_card(card: Callable[..., tuple[CardState, Apply]]) -> None:
+    """A card's first event: counts 1, its own amount everywhere, no previous event."""
+    state, apply = card()
+    a = apply("a", T, 10.0, "m1")
+    assert a.duplicate is False
+    assert a.features == (
+        1.0,
+        10.0,
+        10.0,
+        10.0,
+        1.0,
+        10.0,
+        10.0,
+        10.0,
+        1.0,
+        10.0,
+        10.0,
+        10.0,
+        -1.0,
+        1.0,
+        1.0,
+    )
+    assert state["n"] == 1
+    assert state["prev"] is None
+    assert state["ev"] == [[1, T, 10.0, "m1", "a"]]
+
+
+def test_hand_computed_sequence_with_out_of_order_event(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """Four events, one arriving out of order, checked against values computed by hand."""
+    _, apply = card()
+    apply("a", T, 10.0, "m1")
+    b = apply("b", T + 30 * S, 20.0, "m2")
+    assert window(b, 60) == (2.0, 30.0, 15.0, 20.0)
+    assert window(b, 600) == (2.0, 30.0, 15.0, 20.0)
+    assert window(b, 3600) == (2.0, 30.0, 15.0, 20.0)
+    assert feat(b, "secs_since_prev") == 30.0
+    assert feat(b, "distinct_merchants_3600") == 2.0
+    assert feat(b, "amount_to_mean_3600") == pytest.approx(20.0 / 15.0)
+
+    c = apply("c", T + 90 * S, 40.0, "m1")
+    # 60 s window is (T+30s, T+90s]: b sits exactly 60 s back and is excluded.
+    assert window(c, 60) == (1.0, 40.0, 40.0, 40.0)
+    assert window(c, 600) == (3.0, 70.0, pytest.approx(70.0 / 3), 40.0)
+    assert feat(c, "secs_since_prev") == 60.0
+    assert feat(c, "distinct_merchants_3600") == 2.0
+    assert feat(c, "amount_to_mean_3600") == pytest.approx(40.0 / (70.0 / 3))
+
+    # d arrives after c but happened before it: c (later ts) is not visible to d.
+    d = apply("d", T + 60 * S, 5.0, "m3")
+    # (T, T+60s]: a is exactly 60 s back (excluded), b included, c is in d's future.
+    assert window(d, 60) == (2.0, 25.0, 12.5, 20.0)
+    assert window(d, 3600) == (3.0, 35.0, pytest.approx(35.0 / 3), 20.0)
+    assert feat(d, "secs_since_prev") == 30.0  # latest ts <= d.ts is b, not c
+    assert feat(d, "distinct_merchants_3600") == 3.0
+    assert feat(d, "amount_to_mean_3600") == pytest.approx(5.0 / (35.0 / 3))
+
+
+def test_window_lower_bound_excluded_upper_bound_included(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """An event exactly W ago is out; 1 ms later it is in; one at the same ts is in."""
+    _, apply = card()
+    apply("old", T, 100.0, "m1")
+    apply("just-in", T + 1, 7.0, "m2")
+    e = apply("e", T + 60 * S, 1.0, "m3")
+    assert window(e, 60) == (2.0, 8.0, 4.0, 7.0)
+    assert window(e, 600) == (3.0, 108.0, 36.0, 100.0)
+
+    _, apply2 = card()
+    apply2("x", T, 3.0, "m1")
+    same = apply2("y", T, 5.0, "m2")
+    assert window(same, 60) == (2.0, 8.0, 4.0, 5.0)
+    assert feat(same, "secs_since_prev") == 0.0
+
+
+@pytest.mark.parametrize("w", [60, 600, 3600])
+def test_each_window_boundary(card: Callable[..., tuple[CardState, Apply]], w: int) -> None:
+    """For every window, the event exactly W seconds back is excluded and W-1ms back included."""
+    _, apply = card()
+    apply("edge", T, 1000.0, "m1")
+    apply("inside", T + 1, 10.0, "m2")
+    e = apply("e", T + w * S, 1.0, "m3")
+    count, total, _, biggest = window(e, w)
+    assert (count, total, biggest) == (2.0, 11.0, 10.0)
+
+
+def test_later_ts_event_that_arrived_earlier_is_excluded(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """An event with a later ts that arrived first is not in an earlier event's windows."""
+    _, apply = card()
+    apply("future", T + 10 * S, 500.0, "m9")
+    e = apply("e", T, 4.0, "m1")
+    assert e.features == (
+        1.0,
+        4.0,
+        4.0,
+        4.0,
+        1.0,
+        4.0,
+        4.0,
+        4.0,
+        1.0,
+        4.0,
+        4.0,
+        4.0,
+        -1.0,
+        1.0,
+        1.0,
+    )
+
+
+def test_events_arriving_later_are_never_seen_by_earlier_ones(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """Re-scoring an earlier event (redelivery) ignores everything that arrived after it."""
+    _, apply = card()
+    first = apply("a", T + 100 * S, 10.0, "m1")
+    apply("b", T + 90 * S, 20.0, "m2")  # earlier ts, arrived later
+    apply("c", T + 100 * S, 30.0, "m3")  # same ts, arrived later
+    again = apply("a", T + 100 * S, 10.0, "m1")
+    assert again.duplicate is True
+    assert again.features == first.features
+    assert feat(again, "count_60") == 1.0
+    assert feat(again, "secs_since_prev") == -1.0
+
+
+def test_secs_since_prev_first_is_minus_one_then_gap(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """-1 for the first event, then the gap in seconds to the latest earlier ts."""
+    _, apply = card()
+    assert feat(apply("a", T, 1.0), "secs_since_prev") == -1.0
+    assert feat(apply("b", T + 2_500, 1.0), "secs_since_prev") == 2.5
+    assert feat(apply("c", T + 1_000, 1.0), "secs_since_prev") == 1.0  # prev is a, not b
+    assert feat(apply("d", T + 2_750, 1.0), "secs_since_prev") == 0.25
+
+
+def test_secs_since_prev_spans_beyond_all_windows(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """The previous event counts even if it is outside every window (but not yet evicted)."""
+    _, apply = card(lateness_ms=10 * 60 * S)
+    apply("a", T, 1.0)
+    b = apply("b", T + 3605 * S, 2.0)
+    assert feat(b, "count_3600") == 1.0
+    assert feat(b, "secs_since_prev") == 3605.0
+
+
+def test_secs_since_prev_survives_eviction(card: Callable[..., tuple[CardState, Apply]]) -> None:
+    """After the previous event is evicted, state["prev"] still provides the gap."""
+    state, apply = card(lateness_ms=LATENESS_MS)
+    apply("a", T, 1.0)
+    horizon = LATENESS_MS + DEFAULT_SPEC.max_window_ms
+    b = apply("b", T + horizon + 1, 2.0)
+    assert [row[4] for row in state["ev"]] == ["b"]  # a was evicted
+    assert state["prev"] == T
+    assert feat(b, "secs_since_prev") == pytest.approx((horizon + 1) / 1000)
+    assert window(b, 3600) == (1.0, 2.0, 2.0, 2.0)
+    c = apply("c", T + horizon + 501, 3.0)
+    assert feat(c, "secs_since_prev") == 0.5
+
+
+def test_eviction_boundary_is_inclusive(card: Callable[..., tuple[CardState, Apply]]) -> None:
+    """An event exactly at max_ts - lateness - max_window is evicted; 1 ms newer is kept."""
+    state, apply = card(lateness_ms=LATENESS_MS)
+    horizon = LATENESS_MS + DEFAULT_SPEC.max_window_ms
+    apply("a", T, 1.0)
+    apply("b", T + 1, 1.0)
+    apply("c", T + horizon, 1.0)
+    assert [row[4] for row in state["ev"]] == ["b", "c"]
+    assert state["prev"] == T
+
+
+def test_prev_keeps_the_max_evicted_ts(card: Callable[..., tuple[CardState, Apply]]) -> None:
+    """state["prev"] is the maximum evicted ts, not that of the last-arrived evicted event."""
+    state, apply = card(lateness_ms=LATENESS_MS)
+    horizon = LATENESS_MS + DEFAULT_SPEC.max_window_ms
+    apply("a", T + 50 * S, 1.0)
+    apply("b", T, 1.0)  # on time: not below T+50s - 60s
+    apply("c", T + 50 * S + horizon, 1.0)  # cutoff T+50s: evicts a and b together
+    assert [row[4] for row in state["ev"]] == ["c"]
+    assert state["prev"] == T + 50 * S
+    apply("d", T + 50 * S + 2 * horizon, 1.0)  # evicts c
+    assert [row[4] for row in state["ev"]] == ["d"]
+    assert state["prev"] == T + 50 * S + horizon
+
+
+def test_distinct_merchants_count_only_the_3600_window(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """distinct_merchants_3600 counts distinct merchants of visible events in (ts-3600s, ts]."""
+    _, apply = card(lateness_ms=3 * 3600 * S)
+    apply("a", T, 1.0, "m-old")
+    apply("b", T + 10 * S, 1.0, "m1")
+    apply("c", T + 20 * S, 1.0, "m1")
+    apply("d", T + 30 * S, 1.0, "m2")
+    apply("future", T + 4000 * S, 1.0, "m-future")  # arrives now, happens later
+    e = apply("e", T + 3600 * S, 1.0, "m2")  # a is exactly 3600 s back
+    assert feat(e, "distinct_merchants_3600") == 2.0
+    assert feat(e, "count_3600") == 4.0
+
+
+def test_amount_to_mean_ratio(card: Callable[..., tuple[CardState, Apply]]) -> None:
+    """amount_to_mean_3600 is the amount over the 3600 s mean (including itself)."""
+    _, apply = card()
+    apply("a", T, 10.0)
+    apply("b", T + S, 10.0)
+    c = apply("c", T + 2 * S, 100.0)
+    assert feat(c, "amount_mean_3600") == 40.0
+    assert feat(c, "amount_to_mean_3600") == 2.5
+
+
+def test_amount_to_mean_is_zero_when_mean_is_zero(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """A zero mean (e.g. a refund cancelling a charge) gives ratio 0, not a division error."""
+    _, apply = card()
+    assert feat(apply("z", T, 0.0), "amount_to_mean_3600") == 0.0
+    _, apply2 = card()
+    apply2("charge", T, 10.0)
+    refund = apply2("refund", T + S, -10.0)
+    assert feat(refund, "amount_mean_3600") == 0.0
+    assert feat(refund, "amount_to_mean_3600") == 0.0
+
+
+def test_amount_max_with_negative_amounts(card: Callable[..., tuple[CardState, Apply]]) -> None:
+    """amount_max is the true maximum, also when every amount is negative."""
+    _, apply = card()
+    apply("a", T, -5.0)
+    b = apply("b", T + S, -2.0)
+    assert feat(b, "amount_max_60") == -2.0
+    assert feat(b, "amount_sum_60") == -7.0
+
+
+def test_features_are_floats(card: Callable[..., tuple[CardState, Apply]]) -> None:
+    """Every feature value is a Python float (model input and JSON friendly)."""
+    _, apply = card()
+    apply("a", T, 3)
+    b = apply("b", T + S, 4)
+    assert all(type(v) is float for v in b.features)
+
+
+# --- duplicates -----------------------------------------------------------------------------------
+
+
+def test_duplicate_returns_first_features_after_more_events(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """A redelivered id is flagged and scored exactly as the first time, whatever came after."""
+    state, apply = card()
+    apply("a", T, 10.0, "m1")
+    first = apply("b", T + 20 * S, 30.0, "m2")
+    for i in range(5):
+        apply(f"x{i}", T + (10 + i) * S, 7.0 + i, f"m{i}")  # earlier ts, arrive later
+        apply(f"y{i}", T + (25 + i) * S, 9.0, "m1")
+    n_before = state["n"]
+    rows_before = [list(r) for r in state["ev"]]
+    again = apply("b", T + 20 * S, 30.0, "m2")
+    assert again.duplicate is True
+    assert again.features == first.features
+    assert first.duplicate is False
+    assert state["n"] == n_before
+    assert state["ev"] == rows_before
+
+
+def test_duplicate_uses_stored_values_not_the_redelivered_ones(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """A duplicate id with different ts/amount is still scored with the stored event's values."""
+    _, apply = card()
+    apply("a", T, 10.0, "m1")
+    first = apply("b", T + 5 * S, 20.0, "m2")
+    again = apply("b", T + 9_999 * S, 999.0, "m9")
+    assert again.duplicate is True
+    assert again.features == first.features
+
+
+def test_duplicate_of_first_event(card: Callable[..., tuple[CardState, Apply]]) -> None:
+    """The very first event, replayed later, still has no previous event."""
+    _, apply = card()
+    first = apply("a", T + 50 * S, 1.0)
+    apply("b", T, 2.0)
+    again = apply("a", T + 50 * S, 1.0)
+    assert again == Applied(first.features, True)
+    assert feat(again, "secs_since_prev") == -1.0
+
+
+# --- state ----------------------------------------------------------------------------------------
+
+
+def test_new_state_shape() -> None:
+    """A new state is empty and independent of other new states."""
+    a, b = new_state(), new_state()
+    assert a == {"n": 0, "prev": None, "ev": []}
+    a["ev"].append([1])
+    assert b["ev"] == []
+
+
+def test_state_survives_a_json_round_trip() -> None:
+    """State is JSON friendly: serialising it between events changes no feature."""
+    rng = random.Random(5)
+    # Events 40 s apart over ~2.2 hours (so eviction happens), jittered within the allowed lateness.
+    events = [
+        Ev(
+            f"e{i}",
+            T + i * 40 * S - rng.randrange(0, LATENESS_MS),
+            float(rng.randrange(1, 500)),
+            f"m{rng.randrange(4)}",
+        )
+        for i in range(200)
+    ]
+    plain, through_json = new_state(), new_state()
+    for ev in events:
+        a = apply_event(
+            plain, ev.id, ev.ts, ev.amount, ev.merchant, allowed_lateness_ms=LATENESS_MS
+        )
+        through_json = json.loads(json.dumps(through_json))
+        b = apply_event(
+            through_json, ev.id, ev.ts, ev.amount, ev.merchant, allowed_lateness_ms=LATENESS_MS
+        )
+        assert a == b
+    assert plain["prev"] is not None  # eviction happened along the way
+    assert json.loads(json.dumps(plain)) == plain
+
+
+def test_eviction_keeps_state_bounded() -> None:
+    """10,000 events over ~83 hours keep only what lateness + the largest window can still need."""
+    rng = random.Random(42)
+    state = new_state()
+    horizon = LATENESS_MS + DEFAULT_SPEC.max_window_ms  # 3660 s
+    spacing = 30 * S
+    applied: list[int] = []
+    max_ts = 0
+    longest = 0
+    for i in range(10_000):
+        ts = T + i * spacing - rng.randrange(0, LATENESS_MS)  # jitter within the allowed lateness
+        apply_event(state, f"e{i}", ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+        applied.append(ts)
+        max_ts = max(max_ts, ts)
+        longest = max(longest, len(state["ev"]))
+        if i % 997 == 0 or i == 9_999:
+            # Exactly the events newer than max_ts - horizon are kept.
+            kept = sorted(row[1] for row in state["ev"])
+            assert kept == sorted(t for t in applied if t > max_ts - horizon)
+    # 3660 s of events 30 s apart (plus the jitter band) is far below 10,000.
+    assert longest <= horizon // spacing + LATENESS_MS // spacing + 2
+    assert state["n"] == 10_000
+    assert state["prev"] is not None and state["prev"] <= max_ts - horizon
+
+
+def test_eviction_keeps_sequence_numbers_increasing(
+    card: Callable[..., tuple[CardState, Apply]],
+) -> None:
+    """Eviction removes rows but never renumbers: seq keeps growing with each new event."""
+    state, apply = card(lateness_ms=0)
+    for i in range(10):
+        apply(f"e{i}", T + i * 3600 * S, 1.0)
+    assert state["n"] == 10
+    assert [row[0] for row in state["ev"]] == [10]
+
+
+# --- watermark ------------------------------------------------------------------------------------
+
+
+def test_watermark_none_before_first_event() -> None:
+    """No event seen: no watermark, and nothing is late."""
+    wm = Watermark(LATENESS_MS)
+    assert wm.value is None
+    assert wm.max_ts is None
+    assert wm.is_late(0) is False
+    assert wm.is_late(T) is False
+
+
+def test_watermark_is_late_is_strict() -> None:
+    """Late means strictly below max_ts - lateness."""
+    wm = Watermark(LATENESS_MS)
+    wm.observe(T)
+    assert wm.value == T - LATENESS_MS
+    assert wm.is_late(T - LATENESS_MS) is False
+    assert wm.is_late(T - LATENESS_MS - 1) is True
+    assert wm.is_late(T + 5 * S) is False
+
+
+def test_watermark_only_advances() -> None:
+    """Observing an older ts does not move the watermark back."""
+    wm = Watermark(LATENESS_MS)
+    wm.observe(T)
+    wm.observe(T - 30 * S)
+    assert wm.max_ts == T
+    wm.observe(T + 10 * S)
+    assert wm.max_ts == T + 10 * S
+    assert wm.value == T + 10 * S - LATENESS_MS
+    wm.observe(T + 10 * S)
+    assert wm.max_ts == T + 10 * S
+
+
+def test_watermark_with_zero_lateness_and_initial_max() -> None:
+    """Zero lateness: anything below the max is late; an initial max_ts is honoured."""
+    wm = Watermark(0, max_ts=T)
+    assert wm.value == T
+    assert wm.is_late(T - 1) is True
+    assert wm.is_late(T) is False
+
+
+@PROPERTY
+@given(
+    st.lists(st.integers(min_value=0, max_value=10**7), min_size=1, max_size=50),
+    st.integers(min_value=0, max_value=10**6),
+)
+def test_watermark_property(times: list[int], lateness: int) -> None:
+    """The watermark is always the running max minus lateness, and late is strictly below it."""
+    wm = Watermark(lateness)
+    running: int | None = None
+    for t in times:
+        expected_late = running is not None and t < running - lateness
+        assert wm.is_late(t) is expected_late
+        wm.observe(t)
+        running = t if running is None else max(running, t)
+        assert wm.value == running - lateness
+
+
+# --- property: incremental == brute force ---------------------------------------------------------
+
+
+def brute_force(history: Sequence[Ev], e: Ev, spec: FeatureSpec = DEFAULT_SPEC) -> list[float]:
+    """Features of ``e`` straight from the definition; ``history`` = events applied before ``e``."""
+    seen = [*history, e]
+    out: list[float] = []
+    means: dict[int, float] = {}
+    distinct: dict[int, int] = {}
+    for w in spec.windows_s:
+        s_w = [x for x in seen if e.ts - w * 1000 < x.ts <= e.ts]
+        amounts = [x.amount for x in s_w]
+        mean = sum(amounts) / len(amounts)
+        means[w] = mean
+        distinct[w] = len({x.merchant for x in s_w})
+        out += [float(len(s_w)), float(sum(amounts)), mean, float(max(amounts))]
+    earlier = [x.ts for x in history if x.ts <= e.ts]
+    out.append((e.ts - max(earlier)) / 1000 if earlier else -1.0)
+    out.append(float(distinct[spec.distinct_window_s]))
+    ratio_mean = means[spec.ratio_window_s]
+    out.append(e.amount / ratio_mean if ratio_mean else 0.0)
+    return out
+
+
+BOUNDARY_OFFSETS = [0, 1, 59_999, 60_000, 60_001, 599_999, 600_000, 600_001, 3_599_999]
+ts_offsets = st.one_of(
+    st.integers(min_value=0, max_value=3_599_999),  # anywhere within one hour
+    st.integers(min_value=0, max_value=180_000),  # clustered: many share short windows
+    st.sampled_from(BOUNDARY_OFFSETS),  # exact window boundaries against each other
+)
+amounts = st.integers(min_value=0, max_value=1_000_000).map(lambda cents: cents / 100)
+merchants = st.sampled_from(["m1", "m2", "m3", "m4"])
+event_lists = st.lists(st.tuples(ts_offsets, amounts, merchants), min_size=1, max_size=40)
+
+
+@PROPERTY
+@given(event_lists, st.integers(min_value=0, max_value=120_000))
+def test_incremental_equals_brute_force(
+    raw: list[tuple[int, float, str]], lateness_ms: int
+) -> None:
+    """Without eviction (span < 1 h), incremental features equal the definition (one at a time)."""
+    state = new_state()
+    history: list[Ev] = []
+    for i, (offset, amount, merchant) in enumerate(raw):
+        e = Ev(f"e{i}", T + offset, amount, merchant)
+        applied = apply_event(
+            state, e.id, e.ts, e.amount, e.merchant, allowed_lateness_ms=lateness_ms
+        )
+        assert applied.duplicate is False
+        assert list(applied.features) == pytest.approx(brute_force(history, e), rel=1e-9, abs=1e-9)
+        history.append(e)
+    assert state["prev"] is None  # nothing was evicted
+    assert len(state["ev"]) == len(raw)
+
+
+replays = st.lists(
+    st.tuples(st.integers(min_value=0, max_value=39), st.integers(min_value=0, max_value=39)),
+    max_size=20,
+)
+
+
+@PROPERTY
+@given(event_lists, replays)
+def test_redeliveries_are_scored_like_the_first_time(
+    raw: list[tuple[int, float, str]],
+    redeliver: list[tuple[int, int]],
+) -> None:
+    """Interleaved redeliveries are flagged and reproduce the first features; state is unchanged."""
+    state = new_state()
+    events = [
+        (f"e{i}", T + offset, amount, merchant) for i, (offset, amount, merchant) in enumerate(raw)
+    ]
+    order: list[tuple[str, int, float, str]] = []
+    for i, event in enumerate(events):
+        order.append(event)
+        # (after, which): after event `after` arrived, event `which` (already seen) comes again.
+        order += [events[which] for after, which in redeliver if after == i and which <= i]
+    first: dict[str, tuple[float, ...]] = {}
+    for event_id, ts, amount, merchant in order:
+        n_before, rows_before = state["n"], [list(r) for r in state["ev"]]
+        applied = apply_event(
+            state, event_id, ts, amount, merchant, allowed_lateness_ms=LATENESS_MS
+        )
+        if event_id in first:
+            assert applied.duplicate is True
+            assert applied.features == first[event_id]
+            assert (state["n"], state["ev"]) == (n_before, rows_before)
+        else:
+            assert applied.duplicate is False
+            first[event_id] = applied.features
+    assert state["n"] == len(events)

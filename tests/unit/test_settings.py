@@ -1,0 +1,218 @@
+"""Unit tests for app.settings: defaults, SEAM_* parsing, validation and immutability."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from app.settings import Settings, SettingsError
+
+PROPERTY = hsettings(max_examples=60, derandomize=True, database=None, deadline=None)
+
+
+def test_defaults_topics_and_port() -> None:
+    """The documented defaults hold when nothing is set."""
+    s = Settings.from_env({})
+    assert s.input_topic == "transactions"
+    assert s.predictions_topic == "predictions"
+    assert s.dlq_topic == "transactions-dlq"
+    assert s.late_topic == "transactions-late"
+    assert s.web_port == 6066
+    assert s.device == "auto"
+    assert s.max_batch_size == 256
+    assert s.max_wait_ms == 5.0
+    assert s.max_inflight_batches == 2
+    assert s.allowed_lateness_s == 60.0
+    assert s.model_path.name == "fraud-mlp.onnx"
+    assert isinstance(s.data_dir, Path)
+
+
+def test_from_empty_env_equals_constructor_defaults() -> None:
+    """from_env({}) builds exactly the dataclass defaults."""
+    assert Settings.from_env({}) == Settings()
+
+
+def test_non_seam_variables_are_ignored() -> None:
+    """Variables outside the SEAM_ namespace (even look-alikes) do not matter."""
+    s = Settings.from_env({"HOME": "/root", "SEAMLESS": "1", "seam_device": "cuda", "PATH": "/bin"})
+    assert s == Settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "field", "expected"),
+    [
+        ("SEAM_MAX_BATCH_SIZE", "64", "max_batch_size", 64),
+        ("SEAM_WEB_PORT", "7070", "web_port", 7070),
+        ("SEAM_TOPIC_PARTITIONS", " 3 ", "topic_partitions", 3),
+        ("SEAM_MAX_INFLIGHT_BATCHES", "5", "max_inflight_batches", 5),
+        ("SEAM_MAX_WAIT_MS", "2.5", "max_wait_ms", 2.5),
+        ("SEAM_MAX_WAIT_MS", "0", "max_wait_ms", 0.0),
+        ("SEAM_FRAUD_THRESHOLD", "0.75", "fraud_threshold", 0.75),
+        ("SEAM_ALLOWED_LATENESS_S", "1e2", "allowed_lateness_s", 100.0),
+        ("SEAM_APP_ID", "seam-test", "app_id", "seam-test"),
+        ("SEAM_INPUT_TOPIC", "tx-in", "input_topic", "tx-in"),
+        ("SEAM_DEVICE", "cpu", "device", "cpu"),
+        ("SEAM_DEVICE", "cuda", "device", "cuda"),
+        ("SEAM_MODEL_PATH", "/tmp/m/model.onnx", "model_path", Path("/tmp/m/model.onnx")),
+        ("SEAM_DATA_DIR", "relative/dir", "data_dir", Path("relative/dir")),
+    ],
+)
+def test_parses_typed_values(name: str, text: str, field: str, expected: object) -> None:
+    """Each variable is parsed to its field's type."""
+    s = Settings.from_env({name: text})
+    value = getattr(s, field)
+    assert value == expected
+    assert type(value) is type(expected) or isinstance(value, Path)
+
+
+def test_path_fields_are_paths() -> None:
+    """Path fields come back as Path objects, not strings."""
+    s = Settings.from_env({"SEAM_MODEL_PATH": "x/y.onnx", "SEAM_DATA_DIR": "/var/seam"})
+    assert isinstance(s.model_path, Path)
+    assert isinstance(s.data_dir, Path)
+    assert s.data_dir == Path("/var/seam")
+
+
+def test_several_variables_at_once() -> None:
+    """Variables combine; untouched fields keep their defaults."""
+    s = Settings.from_env(
+        {"SEAM_MAX_BATCH_SIZE": "8", "SEAM_MAX_WAIT_MS": "1.5", "SEAM_DEVICE": "cpu"}
+    )
+    assert (s.max_batch_size, s.max_wait_ms, s.device) == (8, 1.5, "cpu")
+    assert s.web_port == 6066
+
+
+def test_reads_os_environ_when_no_mapping_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """from_env() without a mapping reads os.environ."""
+    import os
+
+    for key in [k for k in os.environ if k.startswith("SEAM_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SEAM_WEB_PORT", "9123")
+    assert Settings.from_env().web_port == 9123
+
+
+def test_unknown_seam_variable_is_named() -> None:
+    """A misspelt SEAM_ name is an error naming it."""
+    with pytest.raises(SettingsError, match="SEAM_MAX_BATCH\\b"):
+        Settings.from_env({"SEAM_MAX_BATCH": "10"})
+
+
+def test_all_unknown_variables_are_named() -> None:
+    """Every unknown SEAM_ name is reported, not only the first."""
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"SEAM_ZZZ": "1", "SEAM_AAA": "2", "SEAM_WEB_PORT": "1"})
+    message = str(info.value)
+    assert "SEAM_ZZZ" in message
+    assert "SEAM_AAA" in message
+
+
+def test_settings_error_is_a_value_error() -> None:
+    """SettingsError subclasses ValueError, so generic handlers catch it."""
+    assert issubclass(SettingsError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("SEAM_MAX_BATCH_SIZE", "0"),
+        ("SEAM_MAX_BATCH_SIZE", "-3"),
+        ("SEAM_MAX_BATCH_SIZE", "abc"),
+        ("SEAM_MAX_BATCH_SIZE", "2.5"),
+        ("SEAM_DEVICE", "tpu"),
+        ("SEAM_MAX_WAIT_MS", "abc"),
+        ("SEAM_MAX_WAIT_MS", "-1"),
+        ("SEAM_MAX_WAIT_MS", ""),
+        ("SEAM_MAX_INFLIGHT_BATCHES", "0"),
+        ("SEAM_FRAUD_THRESHOLD", "1.5"),
+        ("SEAM_FRAUD_THRESHOLD", "-0.1"),
+        ("SEAM_FRAUD_THRESHOLD", "nan"),
+        ("SEAM_TOPIC_PARTITIONS", "0"),
+        ("SEAM_ALLOWED_LATENESS_S", "-1"),
+        ("SEAM_WEB_PORT", "http"),
+    ],
+)
+def test_bad_values_name_the_variable(name: str, text: str) -> None:
+    """A value seam cannot use raises SettingsError naming the variable."""
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: text})
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        # max_wait_ms=nan slips past `< 0`: Batcher.ready() is then never true by age while
+        # ModelBoundary.run() dispatches at once (`clock() < nan` is False).
+        ("SEAM_MAX_WAIT_MS", "nan"),
+        # The scoring agent computes int(allowed_lateness_s * 1000): nan -> ValueError and
+        # inf -> OverflowError inside the running worker instead of at start-up.
+        ("SEAM_ALLOWED_LATENESS_S", "nan"),
+        ("SEAM_ALLOWED_LATENESS_S", "inf"),
+    ],
+)
+def test_non_finite_values_are_rejected(name: str, text: str) -> None:
+    """Non-finite numbers are values seam cannot use: SettingsError naming the variable."""
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: text})
+
+
+def test_constructor_validates_too() -> None:
+    """Direct construction runs the same validation."""
+    with pytest.raises(SettingsError, match="SEAM_MAX_BATCH_SIZE"):
+        Settings(max_batch_size=0)
+    with pytest.raises(SettingsError, match="SEAM_DEVICE"):
+        Settings(device="tpu")
+
+
+def test_settings_are_frozen() -> None:
+    """Assigning a field fails."""
+    s = Settings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.max_batch_size = 1  # type: ignore[misc]
+    assert s.max_batch_size == 256
+
+
+def test_settings_have_no_instance_dict() -> None:
+    """Slots: no new attributes can be attached either."""
+    s = Settings()
+    with pytest.raises((AttributeError, TypeError)):
+        s.extra = 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("kafka://127.0.0.1:9092", "127.0.0.1:9092"),
+        ("broker:9092", "broker:9092"),
+        ("kafka://a:1;kafka://b:2", "a:1,b:2"),
+        ("kafka://a:1;b:2", "a:1,b:2"),
+    ],
+)
+def test_broker_bootstrap_strips_scheme(url: str, expected: str) -> None:
+    """broker_bootstrap drops kafka:// and joins several brokers with commas."""
+    assert Settings.from_env({"SEAM_BROKER_URL": url}).broker_bootstrap == expected
+
+
+def test_default_broker_bootstrap() -> None:
+    """The default broker URL becomes a plain host:port."""
+    assert Settings().broker_bootstrap == "127.0.0.1:9092"
+
+
+@PROPERTY
+@given(st.integers(min_value=1, max_value=10**9))
+def test_any_positive_batch_size_round_trips(size: int) -> None:
+    """Every positive integer text parses back to the same batch size."""
+    assert Settings.from_env({"SEAM_MAX_BATCH_SIZE": str(size)}).max_batch_size == size
+
+
+@PROPERTY
+@given(st.integers(max_value=0))
+def test_any_non_positive_batch_size_is_rejected(size: int) -> None:
+    """Every integer below 1 is rejected with the variable's name."""
+    with pytest.raises(SettingsError, match="SEAM_MAX_BATCH_SIZE"):
+        Settings.from_env({"SEAM_MAX_BATCH_SIZE": str(size)})
