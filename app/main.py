@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import faust
@@ -22,8 +23,8 @@ app = faust.App(
     store="rocksdb://",
     datadir=str(settings.data_dir),
     web_port=settings.web_port,
-    web_bind=settings.web_host,
-    web_host=settings.web_host,
+    web_bind=settings.web_bind,
+    web_host=settings.web_host or socket.gethostname(),
     topic_partitions=settings.topic_partitions,
     topic_replication_factor=settings.topic_replication_factor,
     broker_max_poll_records=settings.max_poll_records,

@@ -44,6 +44,9 @@ class Settings:
     # Worker.
     data_dir: Path = field(default=ROOT / ".data")
     web_port: int = 6066
+    web_bind: str = "127.0.0.1"
+    # The host name other workers use to reach this one (routed table queries); empty: this
+    # machine's host name.
     web_host: str = "127.0.0.1"
     # Model boundary.
     model_path: Path = field(default=ROOT / "models" / "fraud-mlp.onnx")

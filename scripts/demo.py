@@ -208,7 +208,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # clean up on `kill` as on Ctrl-C
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", type=float, default=1000.0)
+    parser.add_argument("--rate", type=float, default=500.0)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--cards", type=int, default=2000)
     args = parser.parse_args()

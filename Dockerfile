@@ -1,0 +1,29 @@
+# seam worker image: the project installed as users install it.
+#   docker build -t seam .                                   # CPU
+#   docker build -t seam:cuda --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 .   # GPU hosts
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE}
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# The CUDA base images ship no Python; the slim image already has one.
+RUN if ! command -v python3 >/dev/null; then \
+      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*; \
+    fi && python3 -m venv /opt/seam
+ENV PATH=/opt/seam/bin:$PATH
+
+WORKDIR /srv/seam
+COPY pyproject.toml README.md ./
+COPY app ./app
+COPY agents ./agents
+COPY tables ./tables
+COPY models ./models
+RUN pip install --upgrade pip && pip install .
+
+ENV SEAM_DATA_DIR=/var/lib/seam \
+    SEAM_MODEL_PATH=/srv/seam/models/fraud-mlp.onnx \
+    SEAM_WEB_BIND=0.0.0.0 \
+    SEAM_WEB_HOST=
+VOLUME /var/lib/seam
+EXPOSE 6066
+ENTRYPOINT ["seam"]
+CMD ["worker", "-l", "info"]
