@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -105,6 +105,11 @@ class ModelBoundary(Generic[T]):
         size = len(self._batcher)
         if size == 1 or size >= self._batcher.max_batch_size:
             self._wakeup.set()
+
+    async def submit_many(self, items: Iterable[tuple[Sequence[float], T]]) -> None:
+        """Queue feature vectors in order; waits whenever the boundary is full."""
+        for features, item in items:
+            await self.submit(features, item)
 
     async def run(self) -> None:
         """Dispatch batches until cancelled; raises if delivering a batch failed."""

@@ -41,6 +41,8 @@ class Settings:
     topic_partitions: int = 8
     topic_replication_factor: int = 1
     max_poll_records: int = 2000
+    # batch: per-partition lists beneath Faust's per-event path; stream: a plain Faust agent.
+    ingest: str = "batch"
     # Worker.
     data_dir: Path = field(default=ROOT / ".data")
     web_port: int = 6066
@@ -71,6 +73,8 @@ class Settings:
         if self.max_inflight_batches < 1:
             raise SettingsError(
                 f"SEAM_MAX_INFLIGHT_BATCHES must be >= 1, got {self.max_inflight_batches}")
+        if self.ingest not in {"batch", "stream"}:
+            raise SettingsError(f"SEAM_INGEST must be batch or stream, got {self.ingest!r}")
         if self.device not in {"auto", "cpu", "cuda"}:
             raise SettingsError(f"SEAM_DEVICE must be auto, cpu or cuda, got {self.device!r}")
         if not 0.0 <= self.fraud_threshold <= 1.0:

@@ -40,9 +40,11 @@ MALFORMED: list[tuple[bytes | None, bytes | None, str]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Produce valid, malformed and late records, run one worker, collect every output."""
+@pytest.fixture(scope="module", params=["batch", "stream"])
+def run(
+    request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """Produce valid, malformed and late records, run one worker (each ingestion path), collect every output."""
     topics = Topics.unique(uuid.uuid4().hex[:10])
     prepare_topics(kafka_bootstrap, topics)
     generator = TransactionGenerator(cards=50, seed=11, late_rate=0.0, id_prefix="it")
@@ -55,7 +57,8 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> dict[
     records.append(encode(late))
     asyncio.run(produce_raw(kafka_bootstrap, topics.input, records))
 
-    worker = Worker(kafka_bootstrap, topics.env(), tmp_path_factory.mktemp("worker"), free_port())
+    env = topics.env() | {"SEAM_INGEST": request.param}
+    worker = Worker(kafka_bootstrap, env, tmp_path_factory.mktemp("worker"), free_port())
     try:
         worker.wait_ready()
         outputs = asyncio.run(collect(

@@ -1,0 +1,242 @@
+"""Batch ingestion: Kafka records reach seam as per-partition lists, beneath Faust's per-event path.
+
+Faust delivers records one at a time (a task per message in the consumer's drain loop, then the
+conductor, the stream, an ack per event); that plumbing, not the model or the broker, caps a Faust
+agent at a few thousand events per second. This module keeps Faust's consumer thread, rebalancing,
+commit bookkeeping, tables and web views, and replaces only the drain loop for topics that have a
+batch handler:
+
+* ``@batch_agent(topic)`` registers ``async def handler(batch: RecordBatch)``. The handler receives
+  every record the fetch returned for one partition, raw (bytes, offset, key, timestamp), in order.
+* Acknowledgement is explicit: ``batch.ack(offsets)`` marks offsets committable once their outputs
+  are delivered; Faust's periodic commit then advances each partition up to the first offset not yet
+  acknowledged. Offsets the broker never returns (transaction markers, compacted records) are
+  registered as gaps and count as acknowledged, as Faust does for its own path.
+* Rebalance safety: every batch remembers the assignment epoch it was fetched in. Faust revokes all
+  partitions at every rebalance and seeks back to the committed offsets afterwards, so an ack from an
+  older epoch is dropped: those records are delivered again (to this worker or the new owner) and
+  never acknowledged after their partition moved.
+* Backpressure: the drain loop awaits the handler, and the handler awaits the model boundary, so a
+  full boundary stops fetching; the consumer thread's own fetch buffer bounds what is read ahead.
+* A handler that raises stops the worker without acknowledging the batch (it is redelivered after
+  the restart); the error is logged with its partition and offsets.
+
+Private faust-streaming names this module relies on (tested with faust-streaming 0.15.3, pinned in
+pyproject.toml; ``tests/unit/test_ingest_internals.py`` fails loudly if any of them changes shape):
+
+* ``faust.transport.drivers.aiokafka.Consumer`` (subclassed) and its ``Transport.Consumer`` slot;
+* ``Consumer._drain_messages`` (replaced), ``_wait_next_records``, ``_read_offset``, ``_add_gap``,
+  ``_acked``, ``_acked_index``, ``_committed_offset``, ``_n_acked``, ``_commit_every``,
+  ``_buffered_partitions``, ``_to_message``, ``perform_seek``, ``flow_active``, ``suspend_flow``;
+* ``faust.transport.consumer.ack_lock``;
+* ``faust.streams._current_event`` (the ContextVar behind ``faust.current_event()``), set by
+  :func:`table_partition` so table reads and writes from a handler land in the right partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from faust.streams import _current_event
+from faust.transport.consumer import ack_lock
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP, AppT, TopicT
+
+__all__ = [
+    "Acker",
+    "BatchConsumer",
+    "BatchTransport",
+    "RawRecord",
+    "RecordBatch",
+    "batch_agent",
+    "install",
+    "table_partition",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class RawRecord(Protocol):
+    """One Kafka record as fetched: aiokafka's ``ConsumerRecord`` satisfies it (timestamp in ms)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+
+
+Acker = Callable[[Sequence[int]], object]
+
+
+class RecordBatch:
+    """The records one fetch returned for one partition, and the way to acknowledge them."""
+
+    __slots__ = ("topic", "partition", "records", "_acker")
+
+    def __init__(self, topic: str, partition: int, records: Sequence[RawRecord], acker: Acker) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.records = records
+        self._acker = acker
+
+    def ack(self, offsets: Sequence[int]) -> None:
+        """Mark these offsets committable: their outputs are delivered."""
+        self._acker(offsets)
+
+    def __repr__(self) -> str:
+        first, last = self.records[0].offset, self.records[-1].offset
+        return f"<RecordBatch {self.topic}[{self.partition}] offsets {first}..{last} ({len(self.records)})>"
+
+
+BatchHandler = Callable[[RecordBatch], Awaitable[None]]
+_handlers: dict[str, BatchHandler] = {}
+
+
+def batch_agent(app: AppT, topic: TopicT) -> Callable[[BatchHandler], BatchHandler]:
+    """Register ``handler`` for every partition of ``topic`` (the topic joins the app's subscription)."""
+
+    def register(handler: BatchHandler) -> BatchHandler:
+        for name in topic.topics:
+            if name in _handlers:
+                raise ValueError(f"topic {name!r} already has a batch handler")
+            _handlers[name] = handler
+        app.topics.add(topic)
+        return handler
+
+    return register
+
+
+class _SourceEvent:
+    """Stands in for Faust's current event: tables only read ``.message.topic/.partition``."""
+
+    __slots__ = ("message", "__weakref__")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.message = _SourceMessage(topic, partition)
+
+
+@dataclass(frozen=True, slots=True)
+class _SourceMessage:
+    topic: str
+    partition: int
+
+
+@contextmanager
+def table_partition(topic: str, partition: int) -> Iterator[None]:
+    """Make table reads and writes inside the block use ``partition`` of ``topic``'s tables."""
+    stand_in = _SourceEvent(topic, partition)
+    token = _current_event.set(weakref.ref(stand_in))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+class BatchConsumer(faust_aiokafka.Consumer):
+    """Faust's aiokafka consumer whose drain loop hands batch-handled topics over as lists."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch = 0
+        self.stale_acks = 0
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        # Any batch fetched before this point may no longer be ours: its acks are dropped.
+        self.epoch += 1
+        await super().on_partitions_revoked(revoked)
+
+    def ack_offsets(self, tp: TP, offsets: Iterable[int], epoch: int) -> int:
+        """Mark ``offsets`` of ``tp`` acknowledged unless the assignment changed; return how many."""
+        if epoch != self.epoch:
+            self.stale_acks += 1
+            return 0
+        with ack_lock:
+            committed = self._committed_offset[tp]
+            acked_index = self._acked_index[tp]
+            fresh = [o for o in offsets if (committed is None or o >= committed) and o not in acked_index]
+            acked_index.update(fresh)
+            self._acked[tp].extend(fresh)
+            self._n_acked += len(fresh)
+        return len(fresh)
+
+    async def _drain_messages(self, fetcher: Any) -> None:  # noqa: C901 - mirrors Faust's loop
+        consumer_stopped = self._stopped.is_set
+        fetcher_stopped = fetcher._stopped.is_set
+        try:
+            while not (consumer_stopped() or fetcher_stopped()):
+                records, active = await self._wait_next_records(1.0)
+                if not records or self.should_stop:
+                    continue
+                if not self.flow_active:
+                    await self.perform_seek()  # as Faust's getmany: re-read from committed offsets
+                    continue
+                generation = self.app.consumer_generation_id
+                for tp, tp_records in records.items():
+                    if not self.flow_active or self.app.consumer_generation_id != generation:
+                        break
+                    if active is not None and tp not in active and tp not in self._buffered_partitions:
+                        continue
+                    handler = _handlers.get(tp.topic)
+                    if handler is None:
+                        await self._deliver_each(tp, tp_records)
+                    else:
+                        await self._deliver_batch(tp, tp_records, handler)
+                commit_every = self._commit_every
+                if commit_every is not None and self._n_acked >= commit_every:
+                    self._n_acked = 0
+                    await self.commit()
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+
+    async def _deliver_batch(self, tp: TP, tp_records: list[Any], handler: BatchHandler) -> None:
+        read_offset = self._read_offset[tp]
+        fresh = tp_records if read_offset is None else [r for r in tp_records if r.offset >= read_offset]
+        if not fresh:
+            return
+        previous = read_offset
+        for record in fresh:
+            if previous and record.offset - previous > 1:
+                # Offsets the broker skipped (transaction markers, compaction) count as acknowledged.
+                # Unlike Faust's own loop, the gap ends before this record: it is not acked yet.
+                await self._add_gap(tp, previous + 1, record.offset - 1)
+            previous = record.offset
+        self._read_offset[tp] = previous
+        epoch = self.epoch
+        batch = RecordBatch(tp.topic, tp.partition, fresh, lambda offsets: self.ack_offsets(tp, offsets, epoch))
+        try:
+            await handler(batch)
+        except Exception as exc:
+            logger.exception("batch handler failed on %r; the batch is not acknowledged", batch)
+            await self.crash(exc)
+            raise
+
+    async def _deliver_each(self, tp: TP, tp_records: list[Any]) -> None:
+        """Faust's own per-message path, for topics without a batch handler (tables, other agents)."""
+        for record in tp_records:
+            read_offset = self._read_offset[tp]
+            if read_offset is not None and record.offset < read_offset:
+                continue
+            if read_offset and record.offset - read_offset > 1 and self.app.topics.acks_enabled_for(tp.topic):
+                await self._add_gap(tp, read_offset + 1, record.offset)
+            await self.wait_first(self.callback(self._to_message(tp, record)), self.suspend_flow.wait())
+            self._read_offset[tp] = record.offset
+
+
+class BatchTransport(faust_aiokafka.Transport):
+    """Faust's aiokafka transport with the batch-delivering consumer."""
+
+    Consumer = BatchConsumer
+
+
+def install(app: AppT) -> None:
+    """Make ``app`` consume through :class:`BatchConsumer` (call before the worker starts)."""
+    app.transport = BatchTransport(app.conf.broker_consumer, app)
