@@ -86,6 +86,7 @@ class ModelBoundary(Generic[T]):
         self._space = asyncio.Event()
         self._tail: asyncio.Future[None] | None = None
         self._failure: BaseException | None = None
+        self._flushing = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seam-inference")
         self.stats = BoundaryStats()
 
@@ -117,6 +118,8 @@ class ModelBoundary(Generic[T]):
         while True:
             self._raise_failure()
             due = self._batcher.due_at()
+            if due is not None and self._flushing:
+                due = min(due, self._clock())
             if due is None or self._clock() < due:
                 self._wakeup.clear()
                 timeout = None if due is None else due - self._clock()
@@ -134,6 +137,17 @@ class ModelBoundary(Generic[T]):
         """Wait until every dispatched batch has been delivered."""
         if self._tail is not None:
             await asyncio.wait([self._tail])
+
+    async def flush(self) -> None:
+        """Release everything waiting now, regardless of the bounds, and wait until it is delivered."""
+        self._flushing += 1
+        try:
+            while len(self._batcher):
+                self._wakeup.set()
+                await asyncio.sleep(0.001)
+            await self.drain()
+        finally:
+            self._flushing -= 1
 
     def close(self) -> None:
         """Release the inference thread."""

@@ -12,9 +12,12 @@ batch handler:
   are delivered; Faust's periodic commit then advances each partition up to the first offset not yet
   acknowledged. Offsets the broker never returns (transaction markers, compacted records) are
   registered as gaps and count as acknowledged, as Faust does for its own path.
-* Rebalance safety: every batch remembers the assignment epoch it was fetched in. Faust revokes all
-  partitions at every rebalance and seeks back to the committed offsets afterwards, so an ack from an
-  older epoch is dropped: those records are delivered again (to this worker or the new owner) and
+* Rebalance safety: when partitions are revoked, the hooks registered with :func:`before_revoke`
+  (the pipeline flushes its model boundary) get up to ``REVOKE_FLUSH_TIMEOUT_S`` to deliver what is
+  in flight, and what they acknowledged is committed before the partitions go. Every batch also
+  remembers the assignment epoch it was fetched in; Faust revokes all partitions at every rebalance
+  and seeks back to the committed offsets afterwards, so an ack that arrives later, from an older
+  epoch, is dropped: those records are delivered again (to this worker or the new owner) and are
   never acknowledged after their partition moved.
 * Backpressure: the drain loop awaits the handler, and the handler awaits the model boundary, so a
   full boundary stops fetching; the consumer thread's own fetch buffer bounds what is read ahead.
@@ -35,6 +38,7 @@ pyproject.toml; ``tests/unit/test_ingest_internals.py`` fails loudly if any of t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -54,6 +58,7 @@ __all__ = [
     "RawRecord",
     "RecordBatch",
     "batch_agent",
+    "before_revoke",
     "install",
     "table_partition",
 ]
@@ -96,7 +101,16 @@ class RecordBatch:
 
 
 BatchHandler = Callable[[RecordBatch], Awaitable[None]]
+RevokeHook = Callable[[], Awaitable[None]]
 _handlers: dict[str, BatchHandler] = {}
+_revoke_hooks: list[RevokeHook] = []
+REVOKE_FLUSH_TIMEOUT_S = 10.0
+
+
+def before_revoke(hook: RevokeHook) -> RevokeHook:
+    """Register ``hook`` to deliver in-flight work before partitions are revoked (bounded in time)."""
+    _revoke_hooks.append(hook)
+    return hook
 
 
 def batch_agent(app: AppT, topic: TopicT) -> Callable[[BatchHandler], BatchHandler]:
@@ -148,6 +162,13 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self.stale_acks = 0
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        if revoked and _revoke_hooks:
+            try:
+                await asyncio.wait_for(asyncio.gather(*(hook() for hook in _revoke_hooks)), REVOKE_FLUSH_TIMEOUT_S)
+            except TimeoutError:
+                logger.warning("in-flight batches not delivered within %.0fs of revocation; they will be "
+                               "delivered again", REVOKE_FLUSH_TIMEOUT_S)
+            await self.commit()
         # Any batch fetched before this point may no longer be ours: its acks are dropped.
         self.epoch += 1
         await super().on_partitions_revoked(revoked)

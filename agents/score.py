@@ -112,6 +112,11 @@ async def _forget_watermarks(sender: Any, revoked: Any, **kwargs: Any) -> None:
 if settings.ingest == "batch":
     ingest.install(app)
 
+    @ingest.before_revoke
+    async def _flush_boundary() -> None:
+        if scoring.boundary is not None:
+            await scoring.boundary.flush()
+
     @ingest.batch_agent(app, transactions_topic)
     async def score_batches(batch: ingest.RecordBatch) -> None:
         """Compute the features of a partition's fetched records and hand them to the boundary."""

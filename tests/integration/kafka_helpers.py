@@ -16,8 +16,11 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from app.topics import assign_all, ensure_topics
+
+PASSTHROUGH = Path(__file__).resolve().parents[2] / "scripts" / "passthrough_app.py"
 
 
 @dataclass
@@ -44,13 +47,42 @@ class Topics:
         }
 
 
-class Worker:
+class Process:
+    """A worker subprocess with its log file; stopped by PID."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def wait_exit(self, timeout_s: float) -> int:
+        """Wait for the process to exit by itself; return its exit code."""
+        return self.proc.wait(timeout_s)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, wait, then SIGKILL; return the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class Worker(Process):
     """A ``seam worker`` subprocess with its own data folder, web port and log file."""
 
     def __init__(self, bootstrap: str, env: dict[str, str], data_dir: Path, web_port: int) -> None:
         self.web_port = web_port
-        self.log_path = data_dir / "worker.log"
-        data_dir.mkdir(parents=True, exist_ok=True)
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_")}
         full_env.update({
             "SEAM_BROKER_URL": f"kafka://{bootstrap}",
@@ -59,10 +91,8 @@ class Worker:
             "SEAM_TOPIC_PARTITIONS": "4",
             **env,
         })
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "worker", "-l", "info"],
-            env=full_env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        super().__init__([sys.executable, "-m", "app", "worker", "-l", "info"], full_env,
+                         data_dir / "worker.log")
 
     def get(self, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
         """GET a path from this worker's web server."""
@@ -87,21 +117,37 @@ class Worker:
             time.sleep(0.3)
         raise AssertionError(f"worker not ready after {timeout_s}s:\n{self.log_tail()}")
 
-    def log_tail(self, lines: int = 60) -> str:
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
 
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM, wait, then SIGKILL; return the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+
+def passthrough_worker(bootstrap: str, *, app_id: str, input_topic: str, output_topic: str, data_dir: Path,
+                       mode: str = "batch", extra_env: dict[str, str] | None = None) -> Process:
+    """Start ``scripts/passthrough_app.py`` (decode, produce a small record per input) as a worker."""
+    env = dict(os.environ, PT_BROKER=f"kafka://{bootstrap}", PT_APP_ID=app_id, PT_INPUT=input_topic,
+               PT_OUTPUT=output_topic, PT_DATA_DIR=str(data_dir), PT_MODE=mode, **(extra_env or {}))
+    argv = [sys.executable, str(PASSTHROUGH), "worker", "-l", "info", "--without-web"]
+    return Process(argv, env, data_dir / "worker.log")
+
+
+async def committed_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    """The consumer group's committed offsets."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
+
+
+async def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
+    """Each partition's end offset (the offset the next record will get)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = await assign_all(consumer, bootstrap, [topic], from_end=True)
+        return {(tp.topic, tp.partition): await consumer.position(tp) for tp in partitions}
+    finally:
+        await consumer.stop()
 
 
 async def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:

@@ -1,0 +1,131 @@
+"""The faust-streaming internals batch ingestion relies on still have the shape it expects.
+
+If one of these fails after a faust-streaming upgrade, agents/ingest.py must be revisited before the
+new version is allowed (see its module docstring); SEAM_INGEST=stream keeps working meanwhile.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Iterator
+from contextvars import ContextVar
+from importlib.metadata import version
+from types import SimpleNamespace
+
+import faust
+import pytest
+from faust.transport.consumer import Consumer as FaustConsumer
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+from agents import ingest
+
+TESTED_FAUST = "0.15.3"
+
+
+def test_faust_streaming_is_the_tested_version() -> None:
+    assert version("faust-streaming") == TESTED_FAUST, (
+        f"agents/ingest.py was tested with faust-streaming {TESTED_FAUST}; re-run its checks and "
+        "update TESTED_FAUST (and the pin in pyproject.toml) deliberately")
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("_drain_messages", ["self", "fetcher"]),
+    ("_wait_next_records", ["self", "timeout"]),
+    ("_add_gap", ["self", "tp", "offset_from", "offset_to"]),
+    ("perform_seek", ["self"]),
+    ("commit", None),
+    ("on_partitions_revoked", ["self", "revoked"]),
+    ("_new_offset", ["self", "tp"]),
+])
+def test_consumer_methods_keep_their_signatures(name: str, params: list[str] | None) -> None:
+    method = getattr(FaustConsumer, name)
+    assert inspect.iscoroutinefunction(method) or name == "_new_offset", f"{name} is no longer async"
+    if params is not None:
+        assert list(inspect.signature(method).parameters) == params
+
+
+def test_current_event_is_a_context_variable_of_weak_references() -> None:
+    from faust import streams
+
+    assert isinstance(streams._current_event, ContextVar)
+    class StandIn:
+        pass
+
+    stand_in = StandIn()
+    token = streams._current_event.set(weakref.ref(stand_in))  # type: ignore[arg-type]
+    try:
+        assert streams.current_event() is stand_in
+    finally:
+        streams._current_event.reset(token)
+
+
+def test_driver_transport_has_a_consumer_slot() -> None:
+    assert faust_aiokafka.Transport.Consumer is faust_aiokafka.Consumer
+    assert ingest.BatchTransport.Consumer is ingest.BatchConsumer
+
+
+@pytest.fixture
+def consumer() -> Iterator[ingest.BatchConsumer]:
+    app = faust.App(f"ingest-internals-{id(object())}", broker="kafka://127.0.0.1:1", store="memory://")
+    ingest.install(app)
+    consumer = app.consumer
+    assert isinstance(consumer, ingest.BatchConsumer)
+    yield consumer
+
+
+def test_consumer_state_attributes_exist(consumer: ingest.BatchConsumer) -> None:
+    for name in ("_read_offset", "_acked", "_acked_index", "_committed_offset", "_gap",
+                 "_buffered_partitions", "_n_acked", "_commit_every", "suspend_flow", "flow_active"):
+        assert hasattr(consumer, name), name
+    tp = TP("t", 0)
+    assert consumer._read_offset[tp] is None  # defaultdict(lambda: None)
+    assert consumer._acked[tp] == [] and consumer._acked_index[tp] == set()
+
+
+def test_bulk_acks_advance_faust_commit_offset_only_over_contiguous_offsets(consumer: ingest.BatchConsumer) -> None:
+    tp = TP("t", 0)
+    assert consumer.ack_offsets(tp, [0, 1, 2, 3, 4, 6, 7], consumer.epoch) == 7
+    assert consumer._new_offset(tp) == 5  # 5 is not acknowledged: commit stops before it
+    assert consumer.ack_offsets(tp, [5, 6], consumer.epoch) == 1  # 6 was already acknowledged
+    assert consumer._new_offset(tp) == 8
+
+
+async def test_gaps_count_as_acknowledged_but_not_the_record_after_them(consumer: ingest.BatchConsumer) -> None:
+    tp = TP("t", 0)
+    consumer.ack_offsets(tp, [0, 1], consumer.epoch)
+    await consumer._add_gap(tp, 2, 4)  # offsets 2..4 never come (e.g. transaction markers)
+    consumer.ack_offsets(tp, [6], consumer.epoch)
+    assert consumer._new_offset(tp) == 5  # record 5 not yet acknowledged
+    consumer.ack_offsets(tp, [5], consumer.epoch)
+    assert consumer._new_offset(tp) == 7
+
+
+async def test_acks_from_before_a_revocation_are_dropped(consumer: ingest.BatchConsumer) -> None:
+    tp = TP("t", 0)
+    stale_epoch = consumer.epoch
+    consumer.epoch += 1  # what on_partitions_revoked does
+    assert consumer.ack_offsets(tp, [0, 1, 2], stale_epoch) == 0
+    assert consumer.stale_acks == 1
+    assert consumer._new_offset(tp) is None
+
+
+def test_table_partition_directs_table_writes_without_a_faust_event() -> None:
+    app = faust.App(f"ingest-table-{id(object())}", broker="kafka://127.0.0.1:1", store="memory://",
+                    topic_partitions=4)
+    table = app.Table("t", partitions=4)
+    sent: list[int | None] = []
+
+    def send_changelog(partition: int | None, key: object, value: object, *args: object, **kwargs: object) -> object:
+        sent.append(partition)
+        return SimpleNamespace(message=SimpleNamespace(partition=partition))
+
+    table.send_changelog = send_changelog  # type: ignore[method-assign,assignment]
+    source = app.topic("source", partitions=4)
+    with pytest.raises(TypeError):
+        table["k"] = 1  # Faust refuses a write outside an event
+    with ingest.table_partition(source.get_topic_name(), 3):
+        table["k"] = 1
+    assert sent == [3]
+    assert faust.current_event() is None  # restored after the block
