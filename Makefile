@@ -7,7 +7,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install kafka-jars kafka-up kafka-down kafka-status demo test unit integration lint model clean
+.PHONY: help install kafka-jars kafka-up kafka-down kafka-status demo test unit integration lint model bench-ingest clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ lint: install  ## ruff and mypy.
 
 model: install  ## Retrain models/fraud-mlp.onnx (deterministic).
 	$(PY) scripts/train_model.py
+
+bench-ingest: install kafka-jars  ## Ingestion benchmark: batch ingestion vs Faust take() vs raw aiokafka.
+	$(PY) scripts/bench_ingest.py --pipeline --write docs/BENCHMARKS.md
 
 clean:  ## Remove local data (not the venv or the Kafka jars).
 	rm -rf .data .pytest_cache

@@ -40,6 +40,8 @@ class Tally:
 
     def __init__(self) -> None:
         self.sent_ms: dict[str, int] = {}
+        self.burst_ids: set[str] = set()
+        self.caught = 0
         self.scored: dict[str, int] = {}
         self.duplicates = 0
         self.fraud = 0
@@ -57,6 +59,7 @@ class Tally:
             return
         self.scored[tx_id] = kafka_ts
         self.fraud += record["is_fraud"]
+        self.caught += record["is_fraud"] and tx_id in self.burst_ids
         self.latency_ms.append(kafka_ts - self.sent_ms[tx_id])
         self.batch_sizes.append(record["timing"]["batch_size"])
 
@@ -161,6 +164,8 @@ class _Recording:
     def __next__(self) -> tuple[dict[str, Any], bool]:
         tx, fraud = next(self._generator)
         self._tally.sent_ms[tx["id"]] = int(time.time() * 1000)
+        if fraud:
+            self._tally.burst_ids.add(tx["id"])
         return tx, fraud
 
 
@@ -174,7 +179,8 @@ def summary(sent: int, tally: Tally, args: argparse.Namespace, stats: dict[str, 
         ("produced", f"{sent} transactions, open loop at {args.rate:.0f}/s for {args.duration:.0f} s"),
         ("scored", f"{scored} (one prediction per id; duplicates {tally.duplicates})"),
         ("late / dead letters", f"{tally.late} / {tally.dead}"),
-        ("fraud flagged", f"{tally.fraud} ({100 * tally.fraud / max(1, scored):.1f} %)"),
+        ("fraud flagged", f"{tally.fraud} ({100 * tally.fraud / max(1, scored):.1f} %); the generator put "
+                          f"{len(tally.burst_ids)} in fraud bursts, {tally.caught} of them flagged"),
         ("end-to-end latency", latency),
         ("model batches", f"{stats.get('batches', 0)}, mean size {stats.get('mean_batch_size', 0):.1f}, "
                           f"mean inference {stats.get('mean_infer_ms', 0):.2f} ms"),
@@ -208,7 +214,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # clean up on `kill` as on Ctrl-C
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", type=float, default=500.0)
+    parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--cards", type=int, default=2000)
     args = parser.parse_args()

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Ingestion benchmark: seam's batch ingestion against Faust's ``stream.take()`` and raw aiokafka.
+
+    .venv/bin/python scripts/bench_ingest.py [--records 200000] [--pipeline] [--write docs/BENCHMARKS.md]
+
+All modes do the same work on the same pre-produced topic (8 partitions, one broker, one run):
+consume, decode the JSON value, produce a small record per input, acknowledge after delivery.
+
+* ``aiokafka``: a raw aiokafka consume → decode → produce loop (the ceiling);
+* ``faust take()``: a Faust agent over ``stream.take_events(512)``;
+* ``seam batch``: a Faust app on seam's batch ingestion (``agents.ingest``).
+
+With ``--pipeline`` it also runs the full seam worker (features, table, model, predictions) on
+synthetic transactions with ``SEAM_INGEST=batch`` and ``SEAM_INGEST=stream``. Throughput is measured
+from the output records' broker timestamps (first to last), so start-up time is excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import kafka_local
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from rich.console import Console
+
+from app.synthetic import TransactionGenerator
+from app.topics import assign_all, ensure_topics
+
+ROOT = Path(__file__).resolve().parent.parent
+console = Console()
+PARTITIONS = 8
+
+
+async def produce_inputs(bootstrap: str, topic: str, values: list[tuple[bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=10,
+                                max_batch_size=512 * 1024)
+    await producer.start()
+    try:
+        pending = []
+        for key, value in values:
+            pending.append(await producer.send(topic, value, key=key))
+            if len(pending) >= 20_000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+async def output_span(bootstrap: str, topic: str, expected: int, timeout_s: float) -> tuple[int, float]:
+    """Read ``topic`` until ``expected`` records; return (count, seconds from first to last timestamp)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=64 << 20)
+    await consumer.start()
+    count, first, last = 0, None, 0
+    try:
+        await assign_all(consumer, bootstrap, [topic], from_end=False)
+        deadline = time.monotonic() + timeout_s
+        while count < expected and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500, max_records=50_000)).values():
+                count += len(records)
+                stamps = [r.timestamp for r in records]
+                first = min(stamps) if first is None else min(first, *stamps)
+                last = max(last, *stamps)
+    finally:
+        await consumer.stop()
+    return count, max(1e-3, (last - (first or last)) / 1000)
+
+
+async def raw_passthrough(bootstrap: str, source: str, sink: str, expected: int) -> None:
+    """The ceiling: aiokafka only, with the same decode/produce/ack-after-delivery work."""
+    consumer = AIOKafkaConsumer(source, bootstrap_servers=bootstrap, group_id=f"raw-{uuid.uuid4().hex[:6]}",
+                                enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=2000)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await consumer.start()
+    await producer.start()
+    done = 0
+    try:
+        while done < expected:
+            batch = await consumer.getmany(timeout_ms=1000)
+            futures = []
+            for tp, records in batch.items():
+                for r in records:
+                    value = orjson.dumps({"p": tp.partition, "o": r.offset, "id": orjson.loads(r.value).get("id")})
+                    futures.append(await producer.send(sink, value, key=r.key))
+                done += len(records)
+            await asyncio.gather(*futures)
+            await consumer.commit()
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+def run_worker(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def measure(bootstrap: str, name: str, source: str, n: int, start: object, workdir: Path) -> dict[str, object]:
+    sink = f"bench-out-{uuid.uuid4().hex[:8]}"
+    await ensure_topics(bootstrap, [sink], PARTITIONS)
+    proc = None
+    task = None
+    if callable(start):
+        task = asyncio.create_task(start(sink))
+    else:
+        argv, env = start  # type: ignore[misc]
+        proc = run_worker(argv, {**env, "PT_OUTPUT": sink, "SEAM_PREDICTIONS_TOPIC": sink},
+                          workdir / f"{name.replace(' ', '_')}.log")
+    try:
+        count, span = await output_span(bootstrap, sink, n, timeout_s=600)
+    finally:
+        if proc is not None:
+            stop(proc)
+        if task is not None:
+            task.cancel()
+    rate = (count - 1) / span if count > 1 else 0.0
+    console.print(f"  {name:<28} {count:>8} outputs  {rate:>10,.0f} events/s")
+    return {"mode": name, "outputs": count, "events_per_s": round(rate)}
+
+
+async def main_async(args: argparse.Namespace, bootstrap: str, workdir: Path) -> list[dict[str, object]]:
+    n = args.records
+    source = f"bench-in-{uuid.uuid4().hex[:8]}"
+    await ensure_topics(bootstrap, [source], PARTITIONS)
+    console.print(f"producing {n:,} records to {source} ...")
+    await produce_inputs(bootstrap, source, [(f"k{i % 997}".encode(), orjson.dumps({"id": f"r-{i}", "amount": i}))
+                                             for i in range(n)])
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("SEAM_", "PT_"))}
+
+    def passthrough(mode: str) -> tuple[list[str], dict[str, str]]:
+        env = {**base_env, "PT_BROKER": f"kafka://{bootstrap}", "PT_APP_ID": f"bench-{mode}-{uuid.uuid4().hex[:6]}",
+               "PT_INPUT": source, "PT_MODE": mode, "PT_DATA_DIR": str(workdir / mode)}
+        return [sys.executable, str(ROOT / "scripts" / "passthrough_app.py"), "worker", "-l", "warn",
+                "--without-web"], env
+
+    results = [
+        await measure(bootstrap, "aiokafka passthrough", source, n,
+                      lambda sink: raw_passthrough(bootstrap, source, sink, n), workdir),
+        await measure(bootstrap, "faust take(512)", source, n, passthrough("take"), workdir),
+        await measure(bootstrap, "seam batch ingestion", source, n, passthrough("batch"), workdir),
+    ]
+    if args.pipeline:
+        tx_topic = f"bench-tx-{uuid.uuid4().hex[:8]}"
+        await ensure_topics(bootstrap, [tx_topic], PARTITIONS)
+        generator = TransactionGenerator(cards=5000, seed=1, late_rate=0.0, id_prefix="bench")
+        transactions = [next(generator)[0] for _ in range(args.pipeline_records)]
+        await produce_inputs(bootstrap, tx_topic, [(t["card_id"].encode(), orjson.dumps(t)) for t in transactions])
+        for ingest in ("batch", "stream"):
+            suffix = uuid.uuid4().hex[:6]
+            env = {**base_env, "SEAM_BROKER_URL": f"kafka://{bootstrap}", "SEAM_APP_ID": f"bench-seam-{suffix}",
+                   "SEAM_INPUT_TOPIC": tx_topic, "SEAM_DLQ_TOPIC": f"bench-dlq-{suffix}",
+                   "SEAM_LATE_TOPIC": f"bench-late-{suffix}", "SEAM_INGEST": ingest,
+                   "SEAM_DATA_DIR": str(workdir / f"seam-{ingest}"), "SEAM_WEB_PORT": str(free_port())}
+            argv = [sys.executable, "-m", "app", "worker", "-l", "warn"]
+            results.append(await measure(bootstrap, f"seam pipeline, {ingest}", tx_topic, len(transactions),
+                                         (argv, env), workdir))
+    return results
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def markdown(results: list[dict[str, object]], args: argparse.Namespace) -> str:
+    ceiling = float(results[0]["events_per_s"])  # type: ignore[arg-type]
+    take = float(results[1]["events_per_s"])  # type: ignore[arg-type]
+    lines = [
+        "## Ingestion",
+        "",
+        f"Command: `.venv/bin/python scripts/bench_ingest.py --records {args.records}"
+        + (f" --pipeline --pipeline-records {args.pipeline_records}" if args.pipeline else "") + "`",
+        f"Machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, Python "
+        f"{platform.python_version()}, one local Kafka broker; all modes in one run, same topic.",
+        "",
+        "| mode | events/s | vs aiokafka | vs take() |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in results:
+        rate = float(r["events_per_s"])  # type: ignore[arg-type]
+        lines.append(f"| {r['mode']} | {rate:,.0f} | {rate / ceiling:.2f} | {rate / take:.1f}× |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--pipeline", action="store_true", help="also run the full seam pipeline, both paths")
+    parser.add_argument("--pipeline-records", type=int, default=60_000)
+    parser.add_argument("--write", type=Path, help="replace the Ingestion section of this Markdown file")
+    args = parser.parse_args()
+    port = int(os.environ.get("KAFKA_PORT", "9092"))
+    broker = kafka_local.Broker(port, port + 1000, ROOT / ".cache" / "kafka")
+    started = broker.pid() is None or not kafka_local.metadata_ok(port)
+    if started:
+        broker.up()
+    try:
+        with tempfile.TemporaryDirectory(prefix="seam-bench-") as tmp:
+            results = asyncio.run(main_async(args, broker.bootstrap, Path(tmp)))
+    finally:
+        if started:
+            broker.down()
+    table = markdown(results, args)
+    console.print(table)
+    if args.write:
+        text = args.write.read_text() if args.write.exists() else "# Benchmarks\n\n"
+        head, sep, rest = text.partition("## Ingestion")
+        tail = rest[rest.find("\n## ") + 1:] if sep and "\n## " in rest else ""
+        args.write.write_text(head.rstrip() + "\n\n" + table + ("\n" + tail if tail else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
