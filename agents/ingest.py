@@ -21,6 +21,8 @@ batch handler:
   never acknowledged after their partition moved.
 * Backpressure: the drain loop awaits the handler, and the handler awaits the model boundary, so a
   full boundary stops fetching; the consumer thread's own fetch buffer bounds what is read ahead.
+* ``@before_commit`` hooks run right before every offset commit (the pipeline flushes its cached
+  table writes there, so the changelog records precede the offsets that depend on them).
 * A handler that raises stops the worker without acknowledging the batch (it is redelivered after
   the restart); the error is logged with its partition and offsets.
 
@@ -58,6 +60,7 @@ __all__ = [
     "RawRecord",
     "RecordBatch",
     "batch_agent",
+    "before_commit",
     "before_revoke",
     "install",
     "table_partition",
@@ -107,9 +110,18 @@ _revoke_hooks: list[RevokeHook] = []
 REVOKE_FLUSH_TIMEOUT_S = 10.0
 
 
+_commit_hooks: list[Callable[[], object]] = []
+
+
 def before_revoke(hook: RevokeHook) -> RevokeHook:
     """Register ``hook`` to deliver in-flight work before partitions are revoked (bounded in time)."""
     _revoke_hooks.append(hook)
+    return hook
+
+
+def before_commit(hook: Callable[[], object]) -> Callable[[], object]:
+    """Register ``hook`` to run right before every offset commit (e.g. flush cached table writes)."""
+    _commit_hooks.append(hook)
     return hook
 
 
@@ -172,6 +184,13 @@ class BatchConsumer(faust_aiokafka.Consumer):
         # Any batch fetched before this point may no longer be ours: its acks are dropped.
         self.epoch += 1
         await super().on_partitions_revoked(revoked)
+
+    async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
+        # Runs before Faust computes the committable offsets and flushes the producer, so table
+        # writes released here reach the changelog before the offsets that depend on them.
+        for hook in _commit_hooks:
+            hook()
+        return await super().commit(topics, start_new_transaction=start_new_transaction)
 
     def ack_offsets(self, tp: TP, offsets: Iterable[int], epoch: int) -> int:
         """Mark ``offsets`` of ``tp`` acknowledged unless the assignment changed; return how many."""

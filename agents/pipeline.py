@@ -2,8 +2,9 @@
 
 Both ingestion paths call :meth:`Pipeline.handle`: batch ingestion with a partition's fetched
 records, the plain Faust-agent path (``SEAM_INGEST=stream``) with one record at a time. Every
-record is acknowledged exactly when all its outputs are acknowledged by the broker: a dead letter or
-late record right after it is delivered, a scored record after its prediction is delivered.
+record is acknowledged exactly when all its outputs are acknowledged by the broker (a dead letter or
+late record right after it is delivered, a scored record after its prediction is delivered) and
+the state change it caused has been flushed to the table (see :mod:`tables.cache`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from dataclasses import dataclass
 
 from agents.boundary import BatchResult, ModelBoundary
 from agents.codec import Invalid, Transaction, dead_letter, decode_transaction, late_record, prediction
-from agents.ingest import RawRecord, RecordBatch, table_partition
+from agents.ingest import RawRecord, RecordBatch
 from agents.runtime import ModelInfo
-from tables.features import CardState, Watermark, apply_event, new_state
+from tables.cache import StateCache
+from tables.features import apply_event
 
-__all__ = ["Outputs", "Pipeline", "ScoringItem", "StateStore"]
+__all__ = ["Outputs", "Pipeline", "ScoringItem"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +40,6 @@ class Outputs:
 
 
 @dataclass(frozen=True, slots=True)
-class StateStore:
-    """Per-card state access (the Faust table, or a dict in tests)."""
-
-    load: Callable[[str], CardState | None]
-    store: Callable[[str, CardState], None]
-
-
-@dataclass(frozen=True, slots=True)
 class ScoringItem:
     """A scored-to-be transaction, its features, and the record to acknowledge afterwards."""
 
@@ -53,6 +47,7 @@ class ScoringItem:
     features: tuple[float, ...]
     batch: RecordBatch
     record: RawRecord
+    state_epoch: int
 
 
 def _now_ms() -> int:
@@ -66,65 +61,55 @@ class Pipeline:
         self,
         boundary: ModelBoundary[ScoringItem],
         outputs: Outputs,
-        state: StateStore,
+        cache: StateCache,
         *,
         allowed_lateness_ms: int,
         on_delivery_failure: Callable[[BaseException], None],
+        write_through: bool = False,
     ) -> None:
         self._boundary = boundary
         self._outputs = outputs
-        self._state = state
+        self.cache = cache
         self._lateness_ms = allowed_lateness_ms
         self._on_delivery_failure = on_delivery_failure
-        self._watermarks: dict[tuple[str, int], Watermark] = {}
+        self._write_through = write_through
 
     def forget_partitions(self) -> None:
-        """Drop in-memory watermarks (after a rebalance the partitions may belong to others)."""
-        self._watermarks.clear()
+        """Drop cached state and watermarks (after a rebalance the partitions may belong to others)."""
+        self.cache.forget()
 
     async def handle(self, batch: RecordBatch) -> None:
         """Route, apply and submit one batch of records from one partition, in offset order."""
-        key = (batch.topic, batch.partition)
-        watermark = self._watermarks.get(key) or self._watermarks.setdefault(key, Watermark(self._lateness_ms))
-        accepted: list[tuple[RawRecord, Transaction]] = []
+        cache, partition, lateness_ms = self.cache, batch.partition, self._lateness_ms
+        watermark = cache.watermark(partition)
+        items: list[tuple[tuple[float, ...], ScoringItem]] = []
         for record in batch.records:
             tx = decode_transaction(record.value)
             if isinstance(tx, Invalid):
                 await self._route(batch, record, self._outputs.dlq_topic, dead_letter(
                     tx, topic=record.topic, partition=record.partition, offset=record.offset,
                     key=record.key, value=record.value, routed_at_ms=_now_ms()))
-            elif watermark.is_late(tx.ts):
+                continue
+            state = cache.card(partition, tx.card_id)
+            # A redelivered event already in its card's state is scored again (same features) even if
+            # the restored watermark has passed it; only new events can be late.
+            if watermark.is_late(tx.ts) and tx.id not in state["id"]:
                 assert record.value is not None and watermark.value is not None
                 await self._route(batch, record, self._outputs.late_topic, late_record(
                     tx, raw=record.value, watermark=watermark.value, topic=record.topic,
                     partition=record.partition, offset=record.offset, routed_at_ms=_now_ms()))
-            else:
+                continue
+            if watermark.max_ts is None or tx.ts > watermark.max_ts:
                 watermark.observe(tx.ts)
-                accepted.append((record, tx))
-        if accepted:
-            await self._boundary.submit_many(self._apply(batch, accepted))
-
-    def _apply(
-        self, batch: RecordBatch, accepted: list[tuple[RawRecord, Transaction]],
-    ) -> list[tuple[tuple[float, ...], ScoringItem]]:
-        # Each card's state is read once and written once per batch, however many of its events
-        # the batch holds: the changelog gets one record per card per batch.
-        items = []
-        states: dict[str, CardState] = {}
-        dirty: set[str] = set()
-        with table_partition(batch.topic, batch.partition):
-            for record, tx in accepted:
-                state = states.get(tx.card_id)
-                if state is None:
-                    state = states[tx.card_id] = self._state.load(tx.card_id) or new_state()
-                applied = apply_event(state, tx.id, tx.ts, tx.amount, tx.merchant_id,
-                                      allowed_lateness_ms=self._lateness_ms)
-                if not applied.duplicate:
-                    dirty.add(tx.card_id)
-                items.append((applied.features, ScoringItem(tx, applied.features, batch, record)))
-            for card_id in dirty:
-                self._state.store(card_id, states[card_id])
-        return items
+                cache.touch_watermark(partition)
+            applied = apply_event(state, tx.id, tx.ts, tx.amount, tx.merchant_id, allowed_lateness_ms=lateness_ms)
+            if not applied.duplicate:
+                cache.touch(partition, tx.card_id)
+            items.append((applied.features, ScoringItem(tx, applied.features, batch, record, cache.epoch)))
+        if self._write_through:
+            cache.flush()
+        if items:
+            await self._boundary.submit_many(items)
 
     async def _route(self, batch: RecordBatch, record: RawRecord, topic: str, value: bytes) -> None:
         delivery = asyncio.ensure_future(await self._outputs.send(topic, record.key, value))
@@ -160,7 +145,8 @@ class Pipeline:
                     features=item.features, queue_ms=queue_ms, infer_ms=result.infer_ms, batch_size=size)
                 deliveries.append(await outputs.send(outputs.predictions_topic, item.tx.card_id.encode(), value))
         await asyncio.gather(*deliveries)
-        _ack([(item.batch, item.record.offset) for item in result.items])
+        acks = [(item.batch, item.record.offset) for item in result.items]
+        self.cache.ack_when_flushed(max(item.state_epoch for item in result.items), lambda: _ack(acks))
 
 
 def _ack(acks: list[tuple[RecordBatch, int]]) -> None:

@@ -19,11 +19,12 @@ from mode import Service
 
 from agents import ingest
 from agents.boundary import BatchResult, ModelBoundary
-from agents.pipeline import Outputs, Pipeline, ScoringItem, StateStore
+from agents.pipeline import Outputs, Pipeline, ScoringItem
 from agents.runtime import ModelRuntime
 from app.main import app, settings
+from tables.cache import StateCache
 from tables.features import DEFAULT_SPEC
-from tables.state import load_state, store_state
+from tables.state import load_state, load_watermark, store_state, store_watermark
 
 __all__ = ["ScoringService", "scoring", "transactions_topic"]
 
@@ -58,10 +59,16 @@ class ScoringService(Service):
             max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
             max_inflight_batches=settings.max_inflight_batches)
         outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, _send)
+        lateness_ms = int(settings.allowed_lateness_s * 1000)
+        cache = StateCache(
+            load_card=load_state, store_card=store_state, load_watermark=load_watermark,
+            store_watermark=store_watermark, allowed_lateness_ms=lateness_ms,
+            scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
         self.pipeline = Pipeline(
-            boundary, outputs, StateStore(load_state, store_state),
-            allowed_lateness_ms=int(settings.allowed_lateness_s * 1000),
-            on_delivery_failure=self._on_delivery_failure)
+            boundary, outputs, cache, allowed_lateness_ms=lateness_ms,
+            on_delivery_failure=self._on_delivery_failure,
+            # The plain Faust path has no commit hook: write each batch's changes through at once.
+            write_through=settings.ingest == "stream")
         self.runtime, self.boundary = runtime, boundary
         self._ready.set()
         logger.info("model boundary ready: %s on %s, ingest=%s max_batch_size=%d max_wait_ms=%s",
@@ -116,6 +123,11 @@ if settings.ingest == "batch":
     async def _flush_boundary() -> None:
         if scoring.boundary is not None:
             await scoring.boundary.flush()
+
+    @ingest.before_commit
+    def _flush_state() -> None:
+        if scoring.pipeline is not None:
+            scoring.pipeline.cache.flush()
 
     @ingest.batch_agent(app, transactions_topic)
     async def score_batches(batch: ingest.RecordBatch) -> None:

@@ -40,7 +40,9 @@ app = faust.App(
 
 @app.on_worker_init.connect  # type: ignore[arg-type]
 def _declare_topics(sender: faust.App, **kwargs: Any) -> None:
-    declare_topics(settings)
+    # Changelogs too: one created while the consumer runs is briefly seen with 0 partitions, and a
+    # table write at that moment fails Faust's partition check.
+    declare_topics(settings, [table.changelog_topic_name for table in app.tables.values()])
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ refresh (minutes), so a worker declares every topic it reads or writes before Fa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -18,13 +19,17 @@ from app.settings import Settings
 __all__ = ["assign_all", "declare_topics", "ensure_topics", "partition_counts"]
 
 
-async def ensure_topics(bootstrap: str, topics: list[str], partitions: int, replication: int = 1) -> None:
-    """Create the topics that do not exist yet; existing ones are left as they are."""
+async def ensure_topics(
+    bootstrap: str, topics: list[str], partitions: int, replication: int = 1, *, compacted: Sequence[str] = (),
+) -> None:
+    """Create the topics that do not exist yet (``compacted`` ones with cleanup.policy=compact)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
         missing = [NewTopic(t, partitions, replication) for t in topics if t not in existing]
+        missing += [NewTopic(t, partitions, replication, topic_configs={"cleanup.policy": "compact"})
+                    for t in compacted if t not in existing]
         if missing:
             response = await admin.create_topics(missing)
             for name, code, *rest in response.topic_errors:
@@ -36,11 +41,11 @@ async def ensure_topics(bootstrap: str, topics: list[str], partitions: int, repl
         await admin.close()
 
 
-def declare_topics(settings: Settings, timeout_s: float = 60.0) -> None:
-    """Create the input, predictions, dead-letter and late topics; callable before the loop runs."""
+def declare_topics(settings: Settings, changelogs: list[str], timeout_s: float = 60.0) -> None:
+    """Create the input, output and table changelog topics; callable before Faust's loop runs."""
     names = [settings.input_topic, settings.predictions_topic, settings.dlq_topic, settings.late_topic]
     coro = ensure_topics(settings.broker_bootstrap, names, settings.topic_partitions,
-                         settings.topic_replication_factor)
+                         settings.topic_replication_factor, compacted=changelogs)
     # Its own thread and loop: Faust's loop is not running yet and must not be replaced.
     with ThreadPoolExecutor(max_workers=1) as pool:
         pool.submit(asyncio.run, coro).result(timeout=timeout_s)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from aiokafka.partitioner import murmur2
 from faust.web import Request, Response, View
 
 from agents.score import scoring
 from app.main import app, settings
-from tables.state import card_state, load_state
+from tables.features import DEFAULT_SPEC, latest_features
+from tables.state import card_state
 
 __all__ = ["CardFeaturesView", "ModelView"]
 
@@ -33,13 +35,32 @@ class ModelView(View):
         })
 
 
+def card_partition(card_id: str) -> int:
+    """The input partition of a card keyed by its id (Kafka's default partitioner, as Faust routes)."""
+    return (murmur2(card_id.encode()) & 0x7FFFFFFF) % settings.topic_partitions
+
+
 @app.page("/features/{card_id}/")
 class CardFeaturesView(View):
-    """The stored event-time state of one card, answered by the worker that owns its partition."""
+    """A card's features as of its latest applied event and its partition's watermark (owner answers)."""
 
     @app.table_route(table=card_state, match_info="card_id")  # type: ignore[arg-type]
     async def get(self, request: Request, card_id: str) -> Response:
-        state = load_state(card_id)
-        if state is None:
+        pipeline = scoring.pipeline
+        if pipeline is None:
+            return self.json({"status": "loading"}, status=503)
+        partition = card_partition(card_id)
+        state = pipeline.cache.peek(partition, card_id)
+        latest = latest_features(state) if state is not None else None
+        if state is None or latest is None:
             return self.notfound(f"no state for card {card_id!r}")
-        return self.json({"card_id": card_id, "state": state})
+        event_id, features = latest
+        return self.json({
+            "card_id": card_id,
+            "partition": partition,
+            "event_id": event_id,
+            "features": dict(zip(DEFAULT_SPEC.names, features, strict=True)),
+            "watermark": pipeline.cache.watermark(partition).value,
+            "events_in_state": len(state["ts"]),
+            "served_by": app.conf.canonical_url.host,
+        })

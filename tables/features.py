@@ -5,22 +5,34 @@ were applied to state before ``e`` or are ``e`` itself (arrival order), whose ev
 window ``(e.ts - W, e.ts]``. Events that arrived earlier but carry a later ``ts`` are excluded, so a
 feature describes the moment of the event it scores, whatever the arrival order.
 
-State per card is a small JSON-friendly dict (it is a Faust table value)::
+State per card is one small JSON-friendly dict (a Faust table value) of parallel lists sorted by
+event time (ties in arrival order)::
 
     {"n": <arrival counter>, "prev": <max ts evicted, or None>,
-     "ev": [[seq, ts_ms, amount, merchant_id, event_id], ...]}
+     "ts": [ms, ...], "amt": [amount, ...], "mer": [merchant_id, ...], "id": [event_id, ...],
+     "seq": [arrival number, ...]}
+
+A new event is inserted with ``bisect``; every event already in the state arrived before it, so its
+windows are index ranges found by bisection and its aggregates are C-level ``sum``/``max``/``set``
+over list slices. Only a redelivered event (its id is already in the state) takes the slow path that
+also filters by arrival number, so it is scored with exactly the features it had the first time.
 
 Events older than any future on-time event can need are evicted: a future event of this card that is
 not late has ``ts >= card_max_ts - allowed_lateness`` (the partition's watermark is at least that),
 so anything at or below ``card_max_ts - allowed_lateness - max(window)`` can never be in its windows.
+``prev`` keeps the highest evicted time for ``secs_since_prev``.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEFAULT_SPEC", "Applied", "CardState", "FeatureSpec", "Watermark", "apply_event", "new_state"]
+__all__ = [
+    "DEFAULT_SPEC", "Applied", "CardState", "FeatureSpec", "Watermark", "apply_event", "event_ids",
+    "latest_features", "new_state",
+]
 
 CardState = dict[str, Any]
 
@@ -63,7 +75,15 @@ class Applied:
 
 def new_state() -> CardState:
     """Return the state of a card that has seen nothing."""
-    return {"n": 0, "prev": None, "ev": []}
+    return {"n": 0, "prev": None, "ts": [], "amt": [], "mer": [], "id": [], "seq": []}
+
+
+_COLUMNS = ("ts", "amt", "mer", "id", "seq")
+
+
+def event_ids(state: CardState) -> list[str]:
+    """The ids of the events held in ``state``, in arrival order."""
+    return [event_id for _, event_id in sorted(zip(state["seq"], state["id"], strict=True))]
 
 
 def apply_event(
@@ -77,53 +97,98 @@ def apply_event(
     spec: FeatureSpec = DEFAULT_SPEC,
 ) -> Applied:
     """Apply one on-time event to ``state`` in place (once per id) and compute its features."""
-    events: list[list[Any]] = state["ev"]
-    seq = next((row[0] for row in events if row[4] == event_id), None)
-    duplicate = seq is not None
-    if seq is None:
-        state["n"] += 1
-        seq = state["n"]
-        events.append([seq, ts_ms, amount, merchant_id, event_id])
-        _evict(state, allowed_lateness_ms + spec.max_window_ms, keep_seq=seq)
+    ids: list[str] = state["id"]
+    if event_id in ids:
+        return Applied(_replayed_features(state, ids.index(event_id), spec), True)
+    times: list[int] = state["ts"]
+    state["n"] += 1
+    pos = bisect_right(times, ts_ms)
+    times.insert(pos, ts_ms)
+    state["amt"].insert(pos, amount)
+    state["mer"].insert(pos, merchant_id)
+    ids.insert(pos, event_id)
+    state["seq"].insert(pos, state["n"])
+    pos = _evict(state, pos, times[-1] - allowed_lateness_ms - spec.max_window_ms)
+    return Applied(_features(state, pos, spec), False)
+
+
+def latest_features(state: CardState, spec: FeatureSpec = DEFAULT_SPEC) -> tuple[str, tuple[float, ...]] | None:
+    """The id and features of the card's most recently applied event still in state, if any."""
+    if not state["seq"]:
+        return None
+    index = max(range(len(state["seq"])), key=state["seq"].__getitem__)
+    return state["id"][index], _replayed_features(state, index, spec)
+
+
+def _evict(state: CardState, pos: int, cutoff: int) -> int:
+    """Drop events at or below ``cutoff`` except the one at ``pos``; return its new index."""
+    times: list[int] = state["ts"]
+    count = bisect_right(times, cutoff)
+    if count == 0:
+        return pos
+    if pos < count:
+        # The event just applied is itself that old (replayed after its watermark was lost): it stays
+        # until the next event, because its own windows must contain it.
+        keep = [i for i in range(len(times)) if i >= count or i == pos]
+        evicted_max = max(times[i] for i in range(count) if i != pos) if count > 1 else None
+        for column in _COLUMNS:
+            values = state[column]
+            state[column] = [values[i] for i in keep]
+        new_pos = 0
     else:
-        # A redelivered event is scored with the features it had: its own stored values, and only
-        # the events applied before it.
-        row = next(row for row in events if row[0] == seq)
-        ts_ms, amount = row[1], row[2]
-    return Applied(_features(state, seq, (ts_ms, amount), spec), duplicate)
+        evicted_max = times[count - 1]
+        for column in _COLUMNS:
+            del state[column][:count]
+        new_pos = pos - count
+    if evicted_max is not None:
+        state["prev"] = evicted_max if state["prev"] is None else max(state["prev"], evicted_max)
+    return new_pos
 
 
-def _evict(state: CardState, horizon_ms: int, keep_seq: int) -> None:
-    events: list[list[Any]] = state["ev"]
-    cutoff = max(row[1] for row in events) - horizon_ms
-    # The event just applied stays until the next one even when it is already that old (an old event
-    # replayed after the in-memory watermark was lost): its own windows must contain it.
-    expired = [row for row in events if row[1] <= cutoff and row[0] != keep_seq]
-    if not expired:
-        return
-    kept = [row for row in events if row[1] > cutoff or row[0] == keep_seq]
-    evicted_max = max(row[1] for row in expired)
-    state["prev"] = evicted_max if state["prev"] is None else max(state["prev"], evicted_max)
-    state["ev"] = kept
+def _features(state: CardState, pos: int, spec: FeatureSpec) -> tuple[float, ...]:
+    """Features of the newest-arrived event at index ``pos``: every other event arrived before it."""
+    times: list[int] = state["ts"]
+    amounts: list[float] = state["amt"]
+    ts_ms, amount = times[pos], amounts[pos]
+    hi = pos + 1  # later indices hold later event times
+    out: list[float] = []
+    means: dict[int, float] = {}
+    lows: dict[int, int] = {}
+    for w in spec.windows_s:
+        lo = lows[w] = bisect_right(times, ts_ms - w * 1000, 0, hi)
+        window = amounts[lo:hi]
+        total = sum(window)
+        mean = means[w] = total / (hi - lo)
+        out += [float(hi - lo), float(total), mean, float(max(window))]
+    prev = state["prev"]
+    if pos:
+        out.append((ts_ms - times[pos - 1]) / 1000.0)
+    elif prev is not None and prev <= ts_ms:
+        out.append((ts_ms - prev) / 1000.0)
+    else:
+        out.append(-1.0)
+    out.append(float(len(set(state["mer"][lows[spec.distinct_window_s]:hi]))))
+    mean = means[spec.ratio_window_s]
+    out.append(amount / mean if mean else 0.0)
+    return tuple(out)
 
 
-def _features(state: CardState, seq: int, this: tuple[int, float], spec: FeatureSpec) -> tuple[float, ...]:
-    ts_ms, amount = this
-    # Events visible to this one: applied no later than it, not after it in event time.
-    visible = [row for row in state["ev"] if row[0] <= seq and row[1] <= ts_ms]
+def _replayed_features(state: CardState, index: int, spec: FeatureSpec) -> tuple[float, ...]:
+    """Features of an already-applied event: only events that arrived no later than it count."""
+    seq, ts_ms, amount = state["seq"][index], state["ts"][index], state["amt"][index]
+    rows = [(t, a, m, s) for t, a, m, s in zip(state["ts"], state["amt"], state["mer"], state["seq"], strict=True)
+            if s <= seq and t <= ts_ms]
     out: list[float] = []
     means: dict[int, float] = {}
     merchants: dict[int, int] = {}
     for w in spec.windows_s:
         lower = ts_ms - w * 1000
-        amounts = [row[2] for row in visible if row[1] > lower]
-        count = len(amounts)  # >= 1: the event itself is always in its windows
-        total = float(sum(amounts))
-        mean = total / count
-        means[w] = mean
-        merchants[w] = len({row[3] for row in visible if row[1] > lower})
-        out += [float(count), total, mean, float(max(amounts))]
-    previous = [row[1] for row in visible if row[0] != seq]
+        window = [a for t, a, _, _ in rows if t > lower]
+        total = sum(window)
+        means[w] = total / len(window)
+        merchants[w] = len({m for t, _, m, _ in rows if t > lower})
+        out += [float(len(window)), float(total), means[w], float(max(window))]
+    previous = [t for t, _, _, s in rows if s != seq]
     if state["prev"] is not None and state["prev"] <= ts_ms:
         previous.append(state["prev"])
     out.append((ts_ms - max(previous)) / 1000.0 if previous else -1.0)

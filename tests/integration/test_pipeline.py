@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from collections import Counter
 from typing import Any
 
 import orjson
 import pytest
+from aiokafka.partitioner import murmur2
 
 from app.synthetic import TransactionGenerator
-from tables.features import DEFAULT_SPEC, apply_event, new_state
+from tables.features import DEFAULT_SPEC
 from tests.conftest import free_port
 from tests.integration.kafka_helpers import (
     Topics,
@@ -21,6 +23,7 @@ from tests.integration.kafka_helpers import (
     prepare_topics,
     produce_raw,
 )
+from tests.reference import Late, Scored, replay
 
 pytestmark = pytest.mark.integration
 
@@ -40,22 +43,37 @@ MALFORMED: list[tuple[bytes | None, bytes | None, str]] = [
 ]
 
 
+def stream_with_late_and_duplicates(count: int, seed: int, prefix: str) -> list[dict[str, Any]]:
+    """Synthetic transactions (some out of order, some late) with a few redelivered duplicates."""
+    generator = TransactionGenerator(cards=50, seed=seed, late_rate=0.01, id_prefix=prefix)
+    events = [next(generator)[0] for _ in range(count)]
+    rng = random.Random(seed)
+    for _ in range(count // 100):
+        original = rng.randrange(len(events) - 10)
+        events.insert(original + rng.randint(1, 10), dict(events[original]))
+    return events
+
+
+def with_partitions(events: list[dict[str, Any]], partitions: int) -> list[dict[str, Any]]:
+    """Attach the partition Kafka's default partitioner gives each card id (as the producer does)."""
+    return [e | {"partition": (murmur2(e["card_id"].encode()) & 0x7FFFFFFF) % partitions} for e in events]
+
+
 @pytest.fixture(scope="module", params=["batch", "stream"])
 def run(
     request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, Any]:
-    """Produce valid, malformed and late records, run one worker (each ingestion path), collect every output."""
+    """Produce valid, late, duplicate and malformed records, run one worker, collect every output."""
     topics = Topics.unique(uuid.uuid4().hex[:10])
     prepare_topics(kafka_bootstrap, topics)
-    generator = TransactionGenerator(cards=50, seed=11, late_rate=0.0, id_prefix="it")
-    valid = [next(generator)[0] for _ in range(VALID)]
-    late = dict(valid[-1], id="it-late", ts=max(tx["ts"] for tx in valid) - 600_000)
-    records: list[tuple[bytes | None, bytes | None]] = [encode(tx) for tx in valid]
+    events = stream_with_late_and_duplicates(VALID, seed=11, prefix="it")
+    records: list[tuple[bytes | None, bytes | None]] = [encode(tx) for tx in events]
     rng = random.Random(3)
     for key, value, _reason in MALFORMED:
         records.insert(rng.randrange(len(records)), (key, value))
-    records.append(encode(late))
     asyncio.run(produce_raw(kafka_bootstrap, topics.input, records))
+    expected = replay(with_partitions(events, 4), allowed_lateness_ms=60_000)
+    scored = sum(isinstance(o, Scored) for o in expected)
 
     env = topics.env() | {"SEAM_INGEST": request.param}
     worker = Worker(kafka_bootstrap, env, tmp_path_factory.mktemp("worker"), free_port())
@@ -63,25 +81,30 @@ def run(
         worker.wait_ready()
         outputs = asyncio.run(collect(
             kafka_bootstrap, [topics.predictions, topics.dlq, topics.late],
-            done=lambda out: (len({p["id"] for p in out[topics.predictions]}) >= VALID
-                              and len(out[topics.dlq]) >= len(MALFORMED) and len(out[topics.late]) >= 1),
+            done=lambda out: (len(out[topics.predictions]) >= scored and len(out[topics.dlq]) >= len(MALFORMED)
+                              and len(out[topics.late]) >= len(expected) - scored),
             timeout_s=120))
         model_view = orjson.loads(worker.get("/model/")[1])
-        card = valid[0]["card_id"]
+        card = events[0]["card_id"]
         features_view = worker.get(f"/features/{card}/")
+        unknown_card_view = worker.get("/features/no-such-card/")
     finally:
         code = worker.stop()
     return {
-        "topics": topics, "valid": valid, "late": late, "outputs": outputs, "model_view": model_view,
-        "features_view": features_view, "exit_code": code, "log": worker.log_tail(200),
+        "topics": topics, "events": events, "expected": expected, "outputs": outputs, "model_view": model_view,
+        "features_view": features_view, "unknown_card_view": unknown_card_view, "exit_code": code,
+        "log": worker.log_tail(200),
     }
 
 
-def test_exactly_one_prediction_per_valid_transaction(run: dict[str, Any]) -> None:
-    predictions = run["outputs"][run["topics"].predictions]
-    ids = [p["id"] for p in predictions]
-    assert sorted(ids) == sorted(tx["id"] for tx in run["valid"]), run["log"]
-    assert len(ids) == len(set(ids)) == VALID
+def test_every_transaction_is_scored_or_late_as_the_reference_says(run: dict[str, Any]) -> None:
+    topics, events, expected = run["topics"], run["events"], run["expected"]
+    want_scored = Counter(e["id"] for e, o in zip(events, expected, strict=True) if isinstance(o, Scored))
+    want_late = Counter(e["id"] for e, o in zip(events, expected, strict=True) if isinstance(o, Late))
+    assert Counter(p["id"] for p in run["outputs"][topics.predictions]) == want_scored, run["log"]
+    assert Counter(r["event"]["id"] for r in run["outputs"][topics.late]) == want_late
+    assert len(want_late) >= 3, "the stream should exercise the late path"
+    assert sum(want_scored.values()) > len(want_scored), "the stream should exercise redeliveries"
 
 
 def test_predictions_carry_score_model_features_and_timing(run: dict[str, Any]) -> None:
@@ -94,16 +117,13 @@ def test_predictions_carry_score_model_features_and_timing(run: dict[str, Any]) 
         assert 1 <= p["timing"]["batch_size"] <= 256
 
 
-def test_features_match_the_reference_applied_in_arrival_order(run: dict[str, Any]) -> None:
-    states: dict[str, dict[str, Any]] = {}
-    expected = {}
-    for tx in run["valid"]:
-        state = states.setdefault(tx["card_id"], new_state())
-        applied = apply_event(state, tx["id"], tx["ts"], tx["amount"], tx["merchant_id"],
-                              allowed_lateness_ms=60_000)
-        expected[tx["id"]] = dict(zip(DEFAULT_SPEC.names, applied.features, strict=True))
+def test_features_match_the_independent_reference(run: dict[str, Any]) -> None:
+    reference: dict[str, dict[str, float]] = {}
+    for event, outcome in zip(run["events"], run["expected"], strict=True):
+        if isinstance(outcome, Scored):
+            reference.setdefault(event["id"], outcome.features)
     for p in run["outputs"][run["topics"].predictions]:
-        assert p["features"] == pytest.approx(expected[p["id"]], rel=1e-9), p["id"]
+        assert p["features"] == pytest.approx(reference[p["id"]], rel=1e-9), p["id"]
 
 
 def test_model_learned_the_fraud_bursts(run: dict[str, Any]) -> None:
@@ -125,23 +145,32 @@ def test_malformed_records_reach_the_dead_letter_topic_with_reason_and_source(ru
     assert binary["value"] == "//4AZ2FyYmFnZQ=="
 
 
-def test_late_event_goes_to_the_late_topic_not_scored(run: dict[str, Any]) -> None:
+def test_late_events_carry_reason_watermark_and_source(run: dict[str, Any]) -> None:
     topics = run["topics"]
-    (late,) = run["outputs"][topics.late]
-    assert late["reason"] == "late"
-    assert late["event"]["id"] == "it-late"
-    assert late["event"]["ts"] < late["watermark"]
-    assert "it-late" not in {p["id"] for p in run["outputs"][topics.predictions]}
+    late_by_id = {e["id"]: o for e, o in zip(run["events"], run["expected"], strict=True) if isinstance(o, Late)}
+    for record in run["outputs"][topics.late]:
+        assert record["reason"] == "late"
+        assert record["event"]["ts"] < record["watermark"] == late_by_id[record["event"]["id"]].watermark
+        assert record["topic"] == topics.input and record["offset"] >= 0
 
 
 def test_web_views_report_model_and_card_state(run: dict[str, Any]) -> None:
     view = run["model_view"]
     assert view["model"] == "fraud-mlp@1"
     assert view["provider"] == "CPUExecutionProvider"
-    assert view["stats"]["items"] == VALID
+    assert view["stats"]["items"] == sum(isinstance(o, Scored) for o in run["expected"])
     status, body = run["features_view"]
     assert status == 200
-    assert orjson.loads(body)["card_id"] == run["valid"][0]["card_id"]
+    answer = orjson.loads(body)
+    card = run["events"][0]["card_id"]
+    applied = {e["id"] for e, o in zip(run["events"], run["expected"], strict=True) if isinstance(o, Scored)}
+    last_id = [tx["id"] for tx in run["events"] if tx["card_id"] == card and tx["id"] in applied][-1]
+    prediction = next(p for p in run["outputs"][run["topics"].predictions] if p["id"] == last_id)
+    assert answer["card_id"] == card and answer["event_id"] == last_id
+    assert answer["features"] == prediction["features"]
+    assert answer["watermark"] is not None
+    assert run["unknown_card_view"][0] == 404
+    assert "error" in orjson.loads(run["unknown_card_view"][1])
 
 
 def test_worker_stops_cleanly(run: dict[str, Any]) -> None:

@@ -22,6 +22,12 @@ from tables.features import (
     new_state,
 )
 
+
+def rows(state: CardState) -> list[list[object]]:
+    """The state's events as [seq, ts, amount, merchant, id] rows in arrival order."""
+    return sorted([list(r) for r in zip(state["seq"], state["ts"], state["amt"], state["mer"], state["id"],
+                                        strict=True)])
+
 T = 1_764_500_000_000  # an arbitrary epoch-ms origin
 S = 1_000  # one second in ms
 LATENESS_MS = 60 * S
@@ -176,7 +182,7 @@ def test_first_event_of_a_card(card: Callable[..., tuple[CardState, Apply]]) -> 
     )
     assert state["n"] == 1
     assert state["prev"] is None
-    assert state["ev"] == [[1, T, 10.0, "m1", "a"]]
+    assert rows(state) == [[1, T, 10.0, "m1", "a"]]
 
 
 def test_hand_computed_sequence_with_out_of_order_event(
@@ -309,7 +315,7 @@ def test_secs_since_prev_survives_eviction(card: Callable[..., tuple[CardState, 
     apply("a", T, 1.0)
     horizon = LATENESS_MS + DEFAULT_SPEC.max_window_ms
     b = apply("b", T + horizon + 1, 2.0)
-    assert [row[4] for row in state["ev"]] == ["b"]  # a was evicted
+    assert [row[4] for row in rows(state)] == ["b"]  # a was evicted
     assert state["prev"] == T
     assert feat(b, "secs_since_prev") == pytest.approx((horizon + 1) / 1000)
     assert window(b, 3600) == (1.0, 2.0, 2.0, 2.0)
@@ -324,7 +330,7 @@ def test_eviction_boundary_is_inclusive(card: Callable[..., tuple[CardState, App
     apply("a", T, 1.0)
     apply("b", T + 1, 1.0)
     apply("c", T + horizon, 1.0)
-    assert [row[4] for row in state["ev"]] == ["b", "c"]
+    assert [row[4] for row in rows(state)] == ["b", "c"]
     assert state["prev"] == T
 
 
@@ -335,10 +341,10 @@ def test_prev_keeps_the_max_evicted_ts(card: Callable[..., tuple[CardState, Appl
     apply("a", T + 50 * S, 1.0)
     apply("b", T, 1.0)  # on time: not below T+50s - 60s
     apply("c", T + 50 * S + horizon, 1.0)  # cutoff T+50s: evicts a and b together
-    assert [row[4] for row in state["ev"]] == ["c"]
+    assert [row[4] for row in rows(state)] == ["c"]
     assert state["prev"] == T + 50 * S
     apply("d", T + 50 * S + 2 * horizon, 1.0)  # evicts c
-    assert [row[4] for row in state["ev"]] == ["d"]
+    assert [row[4] for row in rows(state)] == ["d"]
     assert state["prev"] == T + 50 * S + horizon
 
 
@@ -411,13 +417,13 @@ def test_duplicate_returns_first_features_after_more_events(
         apply(f"x{i}", T + (10 + i) * S, 7.0 + i, f"m{i}")  # earlier ts, arrive later
         apply(f"y{i}", T + (25 + i) * S, 9.0, "m1")
     n_before = state["n"]
-    rows_before = [list(r) for r in state["ev"]]
+    rows_before = [list(r) for r in rows(state)]
     again = apply("b", T + 20 * S, 30.0, "m2")
     assert again.duplicate is True
     assert again.features == first.features
     assert first.duplicate is False
     assert state["n"] == n_before
-    assert state["ev"] == rows_before
+    assert rows(state) == rows_before
 
 
 def test_duplicate_uses_stored_values_not_the_redelivered_ones(
@@ -448,9 +454,9 @@ def test_duplicate_of_first_event(card: Callable[..., tuple[CardState, Apply]]) 
 def test_new_state_shape() -> None:
     """A new state is empty and independent of other new states."""
     a, b = new_state(), new_state()
-    assert a == {"n": 0, "prev": None, "ev": []}
-    a["ev"].append([1])
-    assert b["ev"] == []
+    assert a == {"n": 0, "prev": None, "ts": [], "amt": [], "mer": [], "id": [], "seq": []}
+    a["ts"].append(1)
+    assert b["ts"] == []
 
 
 def test_state_survives_a_json_round_trip() -> None:
@@ -494,10 +500,10 @@ def test_eviction_keeps_state_bounded() -> None:
         apply_event(state, f"e{i}", ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
         applied.append(ts)
         max_ts = max(max_ts, ts)
-        longest = max(longest, len(state["ev"]))
+        longest = max(longest, len(rows(state)))
         if i % 997 == 0 or i == 9_999:
             # Exactly the events newer than max_ts - horizon are kept.
-            kept = sorted(row[1] for row in state["ev"])
+            kept = sorted(row[1] for row in rows(state))
             assert kept == sorted(t for t in applied if t > max_ts - horizon)
     # 3660 s of events 30 s apart (plus the jitter band) is far below 10,000.
     assert longest <= horizon // spacing + LATENESS_MS // spacing + 2
@@ -513,7 +519,7 @@ def test_eviction_keeps_sequence_numbers_increasing(
     for i in range(10):
         apply(f"e{i}", T + i * 3600 * S, 1.0)
     assert state["n"] == 10
-    assert [row[0] for row in state["ev"]] == [10]
+    assert [row[0] for row in rows(state)] == [10]
 
 
 # --- watermark ------------------------------------------------------------------------------------
@@ -628,7 +634,7 @@ def test_incremental_equals_brute_force(
         assert list(applied.features) == pytest.approx(brute_force(history, e), rel=1e-9, abs=1e-9)
         history.append(e)
     assert state["prev"] is None  # nothing was evicted
-    assert len(state["ev"]) == len(raw)
+    assert len(rows(state)) == len(raw)
 
 
 replays = st.lists(
@@ -655,14 +661,14 @@ def test_redeliveries_are_scored_like_the_first_time(
         order += [events[which] for after, which in redeliver if after == i and which <= i]
     first: dict[str, tuple[float, ...]] = {}
     for event_id, ts, amount, merchant in order:
-        n_before, rows_before = state["n"], [list(r) for r in state["ev"]]
+        n_before, rows_before = state["n"], [list(r) for r in rows(state)]
         applied = apply_event(
             state, event_id, ts, amount, merchant, allowed_lateness_ms=LATENESS_MS
         )
         if event_id in first:
             assert applied.duplicate is True
             assert applied.features == first[event_id]
-            assert (state["n"], state["ev"]) == (n_before, rows_before)
+            assert (state["n"], rows(state)) == (n_before, rows_before)
         else:
             assert applied.duplicate is False
             first[event_id] = applied.features

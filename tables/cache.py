@@ -1,0 +1,136 @@
+"""A write-back cache of card states and partition watermarks, flushed before each offset commit.
+
+Writing a card's state to the table on every event costs a RocksDB put and a changelog record each
+time. The cache keeps the states this worker is updating in memory and writes each changed card (and
+each changed watermark) once per flush; the worker flushes right before it commits offsets, so at
+most one changelog record per card per commit interval is produced, and Faust flushes the producer
+before the offsets go out.
+
+Ordering guarantee: a record whose state change is only in the cache must not have its offset
+committed. Every change is stamped with the cache's current ``epoch``; the pipeline asks
+:meth:`StateCache.ack_when_flushed` to hold a record's acknowledgement until a flush has written the
+epoch it was stamped with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from tables.features import CardState, Watermark, new_state
+
+__all__ = ["StateCache"]
+
+Scope = Callable[[int], AbstractContextManager[object]]
+
+
+class StateCache:
+    """One worker's cached view of its partitions' card states and watermarks."""
+
+    def __init__(
+        self,
+        *,
+        load_card: Callable[[str], CardState | None],
+        store_card: Callable[[str, CardState], None],
+        load_watermark: Callable[[], int | None],
+        store_watermark: Callable[[int], None],
+        scope: Scope,
+        allowed_lateness_ms: int,
+        max_clean_cards: int = 100_000,
+    ) -> None:
+        self._load_card = load_card
+        self._store_card = store_card
+        self._load_watermark = load_watermark
+        self._store_watermark = store_watermark
+        self._scope = scope
+        self._lateness_ms = allowed_lateness_ms
+        self._max_clean_cards = max_clean_cards
+        self._cards: dict[int, dict[str, CardState]] = {}
+        self._dirty: dict[int, set[str]] = {}
+        self._watermarks: dict[int, Watermark] = {}
+        self._dirty_watermarks: set[int] = set()
+        self._deferred: list[Callable[[], object]] = []
+        self.epoch = 0
+        self.flushes = 0
+        self.writes = 0
+
+    def card(self, partition: int, card_id: str) -> CardState:
+        """The card's state (from the cache, else the table, else new); mark it changed with touch()."""
+        cards = self._cards.setdefault(partition, {})
+        state = cards.get(card_id)
+        if state is None:
+            with self._scope(partition):
+                state = self._load_card(card_id)
+            state = cards[card_id] = state if state is not None else new_state()
+        return state
+
+    def peek(self, partition: int, card_id: str) -> CardState | None:
+        """The card's current state (cache, else table) without caching it; ``None`` if unknown."""
+        state = self._cards.get(partition, {}).get(card_id)
+        if state is None:
+            with self._scope(partition):
+                state = self._load_card(card_id)
+        return state
+
+    def touch(self, partition: int, card_id: str) -> None:
+        """Mark a card's state changed: the next flush writes it."""
+        self._dirty.setdefault(partition, set()).add(card_id)
+
+    def watermark(self, partition: int) -> Watermark:
+        """The partition's watermark, restored from the table the first time it is asked for."""
+        watermark = self._watermarks.get(partition)
+        if watermark is None:
+            with self._scope(partition):
+                max_ts = self._load_watermark()
+            watermark = self._watermarks[partition] = Watermark(self._lateness_ms, max_ts)
+        return watermark
+
+    def touch_watermark(self, partition: int) -> None:
+        """Mark a partition's watermark changed."""
+        self._dirty_watermarks.add(partition)
+
+    def ack_when_flushed(self, stamped_epoch: int, ack: Callable[[], object]) -> None:
+        """Run ``ack`` now if the change stamped ``stamped_epoch`` is flushed, else after the next flush."""
+        if stamped_epoch < self.epoch:
+            ack()
+        else:
+            self._deferred.append(ack)
+
+    def flush(self) -> int:
+        """Write every changed state and watermark to the tables; release held acks; return writes."""
+        writes = 0
+        for partition, card_ids in self._dirty.items():
+            cards = self._cards[partition]
+            with self._scope(partition):
+                for card_id in card_ids:
+                    self._store_card(card_id, cards[card_id])
+            writes += len(card_ids)
+        for partition in self._dirty_watermarks:
+            max_ts = self._watermarks[partition].max_ts
+            if max_ts is not None:
+                with self._scope(partition):
+                    self._store_watermark(max_ts)
+                writes += 1
+        self._dirty.clear()
+        self._dirty_watermarks.clear()
+        self.epoch += 1
+        self.flushes += 1
+        self.writes += writes
+        deferred, self._deferred = self._deferred, []
+        for ack in deferred:
+            ack()
+        if sum(len(cards) for cards in self._cards.values()) > self._max_clean_cards:
+            self._cards.clear()  # everything is clean now: reload from RocksDB on demand
+        return writes
+
+    def forget(self) -> None:
+        """Drop everything (partitions were revoked); unflushed changes are recomputed on redelivery."""
+        self._cards.clear()
+        self._dirty.clear()
+        self._watermarks.clear()
+        self._dirty_watermarks.clear()
+        self._deferred.clear()
+
+    def dirty_cards(self) -> int:
+        """How many card states wait for the next flush."""
+        return sum(len(ids) for ids in self._dirty.values())

@@ -1,0 +1,415 @@
+"""Property tests: production routing, features, state cache and Pipeline.handle agree with tests/reference.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import zlib
+from collections.abc import Awaitable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, cast
+
+import orjson
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from agents.boundary import ModelBoundary
+from agents.pipeline import Outputs, Pipeline, ScoringItem
+from app.synthetic import TransactionGenerator
+from tables.cache import StateCache
+from tables.features import DEFAULT_SPEC, CardState, apply_event, new_state
+from tests.reference import Late, Scored, replay
+
+T = 1_764_500_000_000  # an arbitrary epoch-ms origin
+S = 1_000  # one second in ms
+LATENESS_MS = 60 * S
+NAMES = DEFAULT_SPEC.names
+REL = 1e-9
+PROPERTY = hsettings(max_examples=150, deadline=None, derandomize=True, database=None)
+MERCHANTS = tuple(f"m{i}" for i in range(5))
+# Weighted kinds of event time: on the timeline, jittered back 0-50 s, right at the lateness bound, or late.
+KINDS = ("on_time",) * 3 + ("jitter",) * 4 + ("borderline", "late")
+AMOUNTS = st.one_of(st.just(0.0), st.integers(1, 500_000).map(lambda cents: cents / 100))
+
+Outcome = Scored | Late
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One decoded transaction as it arrives on its partition."""
+
+    id: str
+    card_id: str
+    partition: int
+    ts: int
+    amount: float
+    merchant_id: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The event in the shape tests.reference.replay expects."""
+        return {"id": self.id, "card_id": self.card_id, "partition": self.partition, "ts": self.ts,
+                "amount": self.amount, "merchant_id": self.merchant_id}
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """An arrival sequence and where the worker flushes / restarts (before the event at that index)."""
+
+    events: tuple[Event, ...]
+    flush_before: frozenset[int]
+    restart_before: frozenset[int]
+    max_clean_cards: int
+    forget_on_restart: bool
+
+
+class Tables:
+    """Dict-backed card-state and watermark tables, partitioned like the Faust tables (JSON values)."""
+
+    def __init__(self) -> None:
+        self.cards: dict[tuple[int, str], str] = {}
+        self.watermarks: dict[int, int] = {}
+        self.current: int | None = None
+
+    @contextmanager
+    def scope(self, partition: int) -> Iterator[None]:
+        """Make ``partition`` current, like agents.ingest.table_partition (no nesting)."""
+        assert self.current is None, "table scopes must not nest"
+        self.current = partition
+        try:
+            yield
+        finally:
+            self.current = None
+
+    def _partition(self) -> int:
+        assert self.current is not None, "table access outside a partition scope"
+        return self.current
+
+    def load_card(self, card_id: str) -> CardState | None:
+        raw = self.cards.get((self._partition(), card_id))
+        return None if raw is None else cast(CardState, json.loads(raw))
+
+    def store_card(self, card_id: str, state: CardState) -> None:
+        self.cards[(self._partition(), card_id)] = json.dumps(state)
+
+    def load_watermark(self) -> int | None:
+        return self.watermarks.get(self._partition())
+
+    def store_watermark(self, max_ts: int) -> None:
+        self.watermarks[self._partition()] = max_ts
+
+    def new_cache(self, max_clean_cards: int = 100_000) -> StateCache:
+        """A fresh StateCache over these tables: what a restarted worker builds after restoring them."""
+        return StateCache(load_card=self.load_card, store_card=self.store_card, load_watermark=self.load_watermark,
+                          store_watermark=self.store_watermark, scope=self.scope, allowed_lateness_ms=LATENESS_MS,
+                          max_clean_cards=max_clean_cards)
+
+
+@dataclass
+class Worker:
+    """Pipeline.handle's routing for decoded events, over a real StateCache that can flush and restart."""
+
+    tables: Tables
+    max_clean_cards: int = 100_000
+    forget_on_restart: bool = False
+    cache: StateCache = field(init=False)
+    seen: set[tuple[int, str]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.cache = self.tables.new_cache(self.max_clean_cards)
+
+    def handle(self, ev: Event) -> Outcome:
+        cache, partition = self.cache, ev.partition
+        self.seen.add((partition, ev.card_id))
+        watermark = cache.watermark(partition)
+        state = cache.card(partition, ev.card_id)
+        if watermark.is_late(ev.ts) and ev.id not in state["id"]:
+            assert watermark.value is not None
+            return Late(watermark.value)
+        if watermark.max_ts is None or ev.ts > watermark.max_ts:
+            watermark.observe(ev.ts)
+            cache.touch_watermark(partition)
+        applied = apply_event(state, ev.id, ev.ts, ev.amount, ev.merchant_id, allowed_lateness_ms=LATENESS_MS)
+        if not applied.duplicate:
+            cache.touch(partition, ev.card_id)
+        return Scored(dict(zip(NAMES, applied.features, strict=True)))
+
+    def flush(self) -> None:
+        """Flush, then check the tables hold exactly what the cache holds."""
+        self.cache.flush()
+        assert self.cache.dirty_cards() == 0
+        for partition, card_id in self.seen:
+            with self.tables.scope(partition):
+                stored = self.tables.load_card(card_id) or new_state()  # a card with only late events
+            assert stored == (self.cache.peek(partition, card_id) or new_state()), f"unflushed {card_id}"
+        for partition in {p for p, _ in self.seen}:
+            assert self.tables.watermarks.get(partition) == self.cache.watermark(partition).max_ts
+
+    def restart(self) -> None:
+        """Flush and continue with state and watermarks restored from the tables only."""
+        self.flush()
+        if self.forget_on_restart:
+            self.cache.forget()
+        else:
+            self.cache = self.tables.new_cache(self.max_clean_cards)
+
+
+def close(actual: float, expected: float) -> bool:
+    return math.isclose(actual, expected, rel_tol=REL)
+
+
+def check(events: Sequence[Event], outcomes: Sequence[Outcome]) -> tuple[int, int, int]:
+    """Compare with the reference; return (scored, late, duplicates scored)."""
+    expected = replay([ev.as_dict() for ev in events], LATENESS_MS)
+    assert len(outcomes) == len(expected) == len(events)
+    first: dict[str, Outcome] = {}
+    applied_ts: dict[str, list[int]] = {}
+    scored = late = duplicates = 0
+    for index, (ev, got, want) in enumerate(zip(events, outcomes, expected, strict=True)):
+        where = f"arrival #{index}: {ev}"
+        assert type(got) is type(want), f"{where}: got {got}, the reference says {want}"
+        if isinstance(got, Late):
+            assert isinstance(want, Late)
+            assert got.watermark == want.watermark, where
+            assert ev.ts < got.watermark, where
+            late += 1
+        else:
+            assert isinstance(want, Scored)
+            scored += 1
+            mismatched = {name: (got.features[name], want.features[name]) for name in NAMES
+                          if not close(got.features[name], want.features[name])}
+            assert not mismatched, f"{where}: (production, reference) = {mismatched}"
+            previous = first.get(ev.id)
+            if isinstance(previous, Scored):
+                duplicates += 1
+                assert all(close(got.features[n], previous.features[n]) for n in NAMES), (
+                    f"{where}: a redelivery got {got.features}, the first delivery {previous.features}")
+            else:
+                applied_ts.setdefault(ev.card_id, []).append(ev.ts)
+            visible = sum(1 for ts in applied_ts[ev.card_id] if ts <= ev.ts)
+            assert got.features["count_3600"] <= visible, f"{where}: counts an event with a later ts"
+            first.setdefault(ev.id, got)
+    return scored, late, duplicates
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> Scenario:
+    """Several partitions and cards, jittered and late event times, nearby duplicates, flush/restart points."""
+    partitions = draw(st.integers(1, 4))
+    cards = draw(st.integers(1, 6))
+    partition_of = [draw(st.integers(0, partitions - 1)) for _ in range(cards)]
+    size = draw(st.integers(1, 120))  # up to 120 steps of 0-90 s: at most 3 h of event time
+    raw = draw(st.lists(st.tuples(st.integers(0, 90), st.integers(0, cards - 1), st.sampled_from(KINDS),
+                                  st.integers(0, 10**6), AMOUNTS, st.sampled_from(MERCHANTS)),
+                        min_size=size, max_size=size))
+    base = T
+    highest: dict[int, int] = {}  # per partition: the highest ts generated so far
+    originals: list[Event] = []
+    for index, (step_s, card, kind, back, amount, merchant) in enumerate(raw):
+        base += step_s * S
+        partition = partition_of[card]
+        top = highest.get(partition, base)
+        if kind == "on_time":
+            ts = base
+        elif kind == "jitter":
+            ts = base - (back % 51) * S
+        elif kind == "borderline":  # right at the watermark (ts == watermark is on time)
+            ts = top - LATENESS_MS + (-S, -1, 0, 1, S)[back % 5]
+        else:  # 2-20 minutes behind the partition
+            ts = top - (120 + back % 1081) * S
+        highest[partition] = max(highest.get(partition, ts), ts)
+        originals.append(Event(f"e{index}", f"c{card}", partition, ts, amount, merchant))
+    resent = draw(st.lists(st.tuples(st.integers(0, len(originals) - 1), st.integers(1, 20)), max_size=12))
+    keyed = [((index, 0, 0), ev) for index, ev in enumerate(originals)]
+    keyed += [((source + delay, 1, k), originals[source]) for k, (source, delay) in enumerate(resent)]
+    events = tuple(ev for _, ev in sorted(keyed, key=lambda pair: pair[0]))
+    points = st.sets(st.integers(0, len(events) - 1), max_size=max(1, len(events) // 4))
+    return Scenario(events, frozenset(draw(points)), frozenset(draw(points)),
+                    draw(st.sampled_from((0, 2, 100_000))), draw(st.booleans()))
+
+
+def run_worker(scenario: Scenario) -> list[Outcome]:
+    worker = Worker(Tables(), scenario.max_clean_cards, scenario.forget_on_restart)
+    outcomes: list[Outcome] = []
+    for index, ev in enumerate(scenario.events):
+        if index in scenario.flush_before:
+            worker.flush()
+        if index in scenario.restart_before:
+            worker.restart()
+        outcomes.append(worker.handle(ev))
+    return outcomes
+
+
+@PROPERTY
+@given(scenarios())
+def test_cache_driven_routing_and_features_match_the_reference(scenario: Scenario) -> None:
+    """Flushes and restarts (new cache or forget()) at random points change no outcome and no feature."""
+    check(scenario.events, run_worker(scenario))
+
+
+# --- the real Pipeline.handle -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A fetched Kafka record (satisfies agents.ingest.RawRecord)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+
+
+class FakeBoundary:
+    """Collects what Pipeline.handle submits for scoring."""
+
+    def __init__(self) -> None:
+        self.items: list[ScoringItem] = []
+
+    async def submit_many(self, items: Iterable[tuple[Sequence[float], ScoringItem]]) -> None:
+        for features, item in items:
+            assert tuple(features) == item.features
+            self.items.append(item)
+
+
+class FakeBatch:
+    """A RecordBatch stand-in that records acknowledged offsets."""
+
+    def __init__(self, partition: int, records: Sequence[Record], acked: list[int]) -> None:
+        self.topic, self.partition, self.records, self._acked = "tx", partition, records, acked
+
+    def ack(self, offsets: Sequence[int]) -> None:
+        self._acked.extend(offsets)
+
+
+def batches_of(scenario: Scenario) -> list[tuple[int, list[tuple[int, Event]]]]:
+    """Runs of one partition's consecutive events, also cut where the worker flushes or restarts."""
+    cuts = scenario.flush_before | scenario.restart_before
+    out: list[tuple[int, list[tuple[int, Event]]]] = []
+    for index, ev in enumerate(scenario.events):
+        if not out or out[-1][0] != ev.partition or index in cuts:
+            out.append((ev.partition, []))
+        out[-1][1].append((index, ev))
+    return out
+
+
+async def run_pipeline(scenario: Scenario, write_through: bool) -> tuple[list[Outcome], list[int], list[int]]:
+    """Feed the scenario through Pipeline.handle; return outcomes by arrival, late offsets and acked offsets."""
+    tables, boundary, acked = Tables(), FakeBoundary(), []
+    sent: list[tuple[str, bytes]] = []
+    loop = asyncio.get_running_loop()
+
+    async def send(topic: str, key: bytes | None, value: bytes) -> Awaitable[object]:
+        sent.append((topic, value))
+        delivered: asyncio.Future[object] = loop.create_future()
+        delivered.set_result(None)
+        return delivered
+
+    def failed(error: BaseException) -> None:
+        raise AssertionError(f"delivery failed: {error!r}")
+
+    def new_pipeline() -> Pipeline:
+        return Pipeline(cast("ModelBoundary[ScoringItem]", boundary), Outputs("pred", "dlq", "late", send),
+                        tables.new_cache(scenario.max_clean_cards), allowed_lateness_ms=LATENESS_MS,
+                        on_delivery_failure=failed, write_through=write_through)
+
+    pipeline = new_pipeline()
+    for partition, run in batches_of(scenario):
+        first = run[0][0]
+        if first in scenario.flush_before:
+            pipeline.cache.flush()
+        if first in scenario.restart_before:
+            pipeline.cache.flush()
+            pipeline = new_pipeline()
+        records = [Record("tx", partition, index, 0, ev.card_id.encode(),
+                          orjson.dumps({"id": ev.id, "card_id": ev.card_id, "ts": ev.ts, "amount": ev.amount,
+                                        "merchant_id": ev.merchant_id})) for index, ev in run]
+        await pipeline.handle(cast(Any, FakeBatch(partition, records, acked)))
+    await asyncio.sleep(0)  # let delivery callbacks run
+    outcomes: dict[int, Outcome] = {}
+    late_offsets: list[int] = []
+    for topic, value in sent:
+        assert topic == "late", f"unexpected output on {topic}: {value!r}"
+        body = orjson.loads(value)
+        outcomes[body["offset"]] = Late(body["watermark"])
+        late_offsets.append(body["offset"])
+    for item in boundary.items:
+        assert item.record.offset not in outcomes
+        outcomes[item.record.offset] = Scored(dict(zip(NAMES, item.features, strict=True)))
+    assert sorted(outcomes) == list(range(len(scenario.events)))
+    return [outcomes[index] for index in range(len(scenario.events))], late_offsets, acked
+
+
+@PROPERTY
+@given(scenarios(), st.booleans())
+def test_pipeline_handle_matches_the_reference(scenario: Scenario, write_through: bool) -> None:
+    """The real Pipeline.handle, fed per-partition batches with flushes and restarts between them."""
+    outcomes, late_offsets, acked = asyncio.run(run_pipeline(scenario, write_through))
+    check(scenario.events, outcomes)
+    assert sorted(acked) == sorted(late_offsets)  # late records are acked once delivered (scored ones later)
+
+
+# --- a long deterministic stream -----------------------------------------------------------------------------
+
+
+def synthetic_events(count: int, resend_rate: float) -> list[Event]:
+    """``count`` generated transactions on 4 partitions (crc32 of the card), plus re-sends 1-20 positions later."""
+    generator = TransactionGenerator(cards=300, seed=5, late_rate=0.01)
+    originals = [Event(tx["id"], tx["card_id"], zlib.crc32(tx["card_id"].encode()) % 4, tx["ts"], tx["amount"],
+                       tx["merchant_id"]) for tx, _ in islice(generator, count)]
+    rng = random.Random(5)
+    keyed = [((index, 0), ev) for index, ev in enumerate(originals)]
+    keyed += [((index + rng.randint(1, 20), 1), ev) for index, ev in enumerate(originals) if rng.random() < resend_rate]
+    return [ev for _, ev in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def test_synthetic_stream_matches_the_reference() -> None:
+    """20,000 generated events (1% minutes late) plus ~2% re-sends, flushing every 250 and restarting 3 times."""
+    events = synthetic_events(20_000, 0.02)
+    worker = Worker(Tables(), max_clean_cards=500)
+    outcomes: list[Outcome] = []
+    for index, ev in enumerate(events):
+        if index and index % 250 == 0:
+            worker.flush()
+        if index in (5_000, 11_111, 17_003):
+            worker.restart()
+        outcomes.append(worker.handle(ev))
+    scored, late, duplicates = check(events, outcomes)
+    assert late > 50 and duplicates > 100 and scored + late == len(events)
+    assert any(json.loads(raw)["prev"] is not None for raw in worker.tables.cards.values())  # eviction happened
+
+
+# --- focused cases --------------------------------------------------------------------------------------------
+
+
+def test_restart_does_not_readmit_a_late_event() -> None:
+    """A late event re-sent after a restart is still late: the restored watermark is the flushed one."""
+    worker = Worker(Tables())
+    events = [Event("a", "c", 0, T + 10 * 60 * S, 1.0, "m"), Event("late", "c", 0, T, 2.0, "m"),
+              Event("late", "c", 0, T, 2.0, "m")]
+    outcomes = [worker.handle(events[0]), worker.handle(events[1])]
+    worker.restart()
+    outcomes.append(worker.handle(events[2]))
+    assert outcomes[1] == outcomes[2] == Late(T + 10 * 60 * S - LATENESS_MS)
+    check(events, outcomes)
+
+
+def test_redelivery_after_an_eviction_inside_its_window_gets_its_first_features() -> None:
+    """A re-sent event still in state, after another event of its 1 h window was evicted (minimal case)."""
+    minute = 60 * S
+    events = [Event("a", "c", 0, T + 10 * minute, 1.0, "m"),  # in e's 3600 s window
+              Event("e", "c", 0, T + 60 * minute, 2.0, "m"),
+              Event("f", "c", 0, T + 71 * minute, 3.0, "m"),  # cutoff T+10min: evicts a, keeps e
+              Event("e", "c", 0, T + 60 * minute, 2.0, "m")]  # re-sent: e is behind the watermark but in state
+    worker = Worker(Tables())
+    outcomes = [worker.handle(ev) for ev in events]
+    assert isinstance(outcomes[1], Scored) and isinstance(outcomes[3], Scored)
+    assert outcomes[1].features["count_3600"] == 2.0
+    assert outcomes[3].features == outcomes[1].features
+    check(events, outcomes)
