@@ -1,11 +1,16 @@
 """The model boundary: re-batch feature vectors and run the model on its own thread.
 
 Producers ``await boundary.submit(features, item)``. One dispatch loop releases batches as the
-:class:`~agents.batcher.Batcher` decides, runs each on a single dedicated inference thread (ONNX
-Runtime releases the GIL, so the event loop keeps consuming), and hands each result to ``deliver`` in
-dispatch order. While one batch runs, the next one fills; at most ``max_inflight_batches`` are
-dispatched and not yet delivered. When ``max_batch_size * (max_inflight_batches + 1)`` items wait,
-``submit`` blocks: consumption slows down instead of memory growing.
+:class:`~agents.batcher.Batcher` decides (size, age, deadline; adaptive size target), runs each on a
+single dedicated inference thread (ONNX Runtime releases the GIL, so the event loop keeps
+consuming), and hands each result to ``deliver`` in dispatch order. While one batch runs, the next
+one fills; at most ``max_inflight_batches`` are dispatched and not yet delivered. When
+``max_batch_size * (max_inflight_batches + 1)`` items wait, ``submit`` blocks: consumption slows
+down instead of memory growing.
+
+If a batch's inference raises, the batch is bisected on the inference thread until the rows that
+fail on their own are isolated: every other row still gets its score, and the failing rows come back
+in ``BatchResult.row_errors`` for the caller to dead-letter.
 """
 
 from __future__ import annotations
@@ -13,16 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
 from agents.batcher import Batcher, Pending
 
-__all__ = ["BatchResult", "BoundaryStats", "ModelBoundary"]
+__all__ = ["BatchObserver", "BatchResult", "BoundaryStats", "ModelBoundary"]
 
 T = TypeVar("T")
 Predict = Callable[[np.ndarray], np.ndarray]
@@ -30,34 +36,55 @@ Predict = Callable[[np.ndarray], np.ndarray]
 
 @dataclass(frozen=True, slots=True)
 class BatchResult(Generic[T]):
-    """One batch's items with their scores (or the error that stopped inference)."""
+    """One batch's items and scores; rows whose inference failed are in ``row_errors`` (index -> error)."""
 
     items: list[T]
     features: np.ndarray
-    scores: np.ndarray | None
+    scores: np.ndarray
     queue_ms: list[float]
     infer_ms: float
-    error: BaseException | None = None
+    row_errors: dict[int, str] = field(default_factory=dict)
+    deadline_misses: int = 0
+
+
+class BatchObserver(Protocol):
+    """Receives every completed batch (metrics)."""
+
+    def on_batch(self, size: int, queue_s: Sequence[float], infer_s: float, failed_rows: int,
+                 deadline_misses: int, target_size: int) -> None: ...
 
 
 @dataclass(slots=True)
 class BoundaryStats:
-    """Running totals for the web view, metrics and logs."""
+    """Running totals and recent queue delays, for the web views and logs."""
 
     batches: int = 0
     items: int = 0
-    failed_batches: int = 0
+    failed_rows: int = 0
+    deadline_misses: int = 0
     queue_ms_total: float = 0.0
     infer_ms_total: float = 0.0
+    recent_queue_ms: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    recent_batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=256))
 
     def as_dict(self) -> dict[str, float | int]:
+        recent = sorted(self.recent_queue_ms)
+
+        def pct(q: float) -> float:
+            return recent[min(len(recent) - 1, int(q * len(recent)))] if recent else 0.0
+
+        sizes = self.recent_batch_sizes
         return {
             "batches": self.batches,
             "items": self.items,
-            "failed_batches": self.failed_batches,
+            "failed_rows": self.failed_rows,
+            "deadline_misses": self.deadline_misses,
             "mean_batch_size": self.items / self.batches if self.batches else 0.0,
             "mean_queue_ms": self.queue_ms_total / self.items if self.items else 0.0,
             "mean_infer_ms": self.infer_ms_total / self.batches if self.batches else 0.0,
+            "recent_mean_batch_size": sum(sizes) / len(sizes) if sizes else 0.0,
+            "recent_queue_ms_p50": pct(0.50),
+            "recent_queue_ms_p99": pct(0.99),
         }
 
 
@@ -72,6 +99,9 @@ class ModelBoundary(Generic[T]):
         max_batch_size: int,
         max_wait_ms: float,
         max_inflight_batches: int = 2,
+        sla_ms: float | None = None,
+        adaptive: bool = False,
+        observer: BatchObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_inflight_batches < 1:
@@ -79,7 +109,10 @@ class ModelBoundary(Generic[T]):
         self._predict = predict
         self._deliver = deliver
         self._clock = clock
-        self._batcher: Batcher[tuple[Sequence[float], T]] = Batcher(max_batch_size, max_wait_ms / 1000)
+        self._observer = observer
+        self.batcher: Batcher[tuple[Sequence[float], T]] = Batcher(
+            max_batch_size, max_wait_ms / 1000, sla_s=None if sla_ms is None else sla_ms / 1000, adaptive=adaptive)
+        self._batcher = self.batcher
         self._capacity = max_batch_size * (max_inflight_batches + 1)
         self._inflight = asyncio.Semaphore(max_inflight_batches)
         self._wakeup = asyncio.Event()
@@ -104,7 +137,7 @@ class ModelBoundary(Generic[T]):
         self._raise_failure()
         self._batcher.add((features, item), self._clock())
         size = len(self._batcher)
-        if size == 1 or size >= self._batcher.max_batch_size:
+        if size == 1 or size >= self._batcher.target_size():
             self._wakeup.set()
 
     async def submit_many(self, items: Iterable[tuple[Sequence[float], T]]) -> None:
@@ -153,36 +186,70 @@ class ModelBoundary(Generic[T]):
         """Release the inference thread."""
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _infer(self, batch: list[Pending[tuple[Sequence[float], T]]]) -> tuple[np.ndarray, np.ndarray, float]:
+    def _infer(
+        self, batch: list[Pending[tuple[Sequence[float], T]]],
+    ) -> tuple[np.ndarray, np.ndarray, dict[int, str], float]:
+        """Run on the inference thread: score the batch, bisecting around rows that make it fail."""
         features = np.asarray([p.item[0] for p in batch], dtype=np.float32)
         started = time.perf_counter()
-        scores = self._predict(features)
-        return features, scores, (time.perf_counter() - started) * 1000
+        try:
+            scores = self._predict(features)
+            errors: dict[int, str] = {}
+        except Exception as exc:  # noqa: BLE001 - isolated below, rows are dead-lettered
+            scores, errors = self._bisect(features, exc)
+        return features, scores, errors, time.perf_counter() - started
+
+    def _bisect(self, features: np.ndarray, error: Exception) -> tuple[np.ndarray, dict[int, str]]:
+        scores = np.full(len(features), np.nan, dtype=np.float32)
+        errors: dict[int, str] = {}
+        failing = [(0, len(features), error)]
+        while failing:
+            lo, hi, exc = failing.pop()
+            if hi - lo == 1:
+                errors[lo] = f"{type(exc).__name__}: {exc}"
+                continue
+            mid = (lo + hi) // 2
+            for a, b in ((lo, mid), (mid, hi)):
+                try:
+                    scores[a:b] = self._predict(features[a:b])
+                except Exception as part_exc:  # noqa: BLE001
+                    failing.append((a, b, part_exc))
+        return scores, errors
 
     async def _complete(
         self,
         batch: list[Pending[tuple[Sequence[float], T]]],
         dispatched: float,
-        future: asyncio.Future[tuple[np.ndarray, np.ndarray, float]],
+        future: asyncio.Future[tuple[np.ndarray, np.ndarray, dict[int, str], float]],
         previous: asyncio.Future[None] | None,
     ) -> None:
-        error: BaseException | None = None
         try:
-            features, scores, infer_ms = await future
-        except Exception as exc:  # noqa: BLE001 - handed to deliver, which routes the rows
-            features, scores, infer_ms, error = np.empty((0, 0), np.float32), None, 0.0, exc
+            features, scores, row_errors, infer_s = await future
+        except Exception as exc:  # noqa: BLE001 - the thread itself failed: every row is an error
+            features, scores, infer_s = np.empty((0, 0), np.float32), np.full(len(batch), np.nan, np.float32), 0.0
+            row_errors = {i: f"{type(exc).__name__}: {exc}" for i in range(len(batch))}
         finally:
             self._inflight.release()
+        if not row_errors:
+            self._batcher.observe_inference(len(batch), infer_s)
         if previous is not None:
             await asyncio.wait([previous])  # deliver in dispatch order
-        queue_ms = [(dispatched - p.arrived) * 1000 for p in batch]
-        result = BatchResult([p.item[1] for p in batch], features, scores, queue_ms, infer_ms, error)
+        done = self._clock()
+        queue_s = [dispatched - p.arrived for p in batch]
+        misses = sum(done > p.deadline for p in batch)
+        result = BatchResult([p.item[1] for p in batch], features, scores, [q * 1000 for q in queue_s],
+                             infer_s * 1000, row_errors, misses)
         stats = self.stats
         stats.batches += 1
         stats.items += len(batch)
-        stats.failed_batches += error is not None
-        stats.queue_ms_total += sum(queue_ms)
-        stats.infer_ms_total += infer_ms
+        stats.failed_rows += len(row_errors)
+        stats.deadline_misses += misses
+        stats.queue_ms_total += sum(result.queue_ms)
+        stats.infer_ms_total += result.infer_ms
+        stats.recent_queue_ms.extend(result.queue_ms)
+        stats.recent_batch_sizes.append(len(batch))
+        if self._observer is not None:
+            self._observer.on_batch(len(batch), queue_s, infer_s, len(row_errors), misses, self._batcher.target_size())
         try:
             await self._deliver(result)
         except Exception as exc:  # noqa: BLE001 - surfaced by run() and submit()

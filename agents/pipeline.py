@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from agents.boundary import BatchResult, ModelBoundary
 from agents.codec import Invalid, Transaction, dead_letter, decode_transaction, late_record, prediction
 from agents.ingest import RawRecord, RecordBatch
+from agents.metrics import BoundaryMetrics
 from agents.runtime import ModelInfo
 from tables.cache import StateCache
 from tables.features import apply_event
@@ -66,7 +67,9 @@ class Pipeline:
         allowed_lateness_ms: int,
         on_delivery_failure: Callable[[BaseException], None],
         write_through: bool = False,
+        metrics: BoundaryMetrics | None = None,
     ) -> None:
+        self._metrics = metrics
         self._boundary = boundary
         self._outputs = outputs
         self.cache = cache
@@ -81,12 +84,14 @@ class Pipeline:
     async def handle(self, batch: RecordBatch) -> None:
         """Route, apply and submit one batch of records from one partition, in offset order."""
         cache, partition, lateness_ms = self.cache, batch.partition, self._lateness_ms
+        if self._metrics is not None:
+            self._metrics.events_in.inc(len(batch.records))
         watermark = cache.watermark(partition)
         items: list[tuple[tuple[float, ...], ScoringItem]] = []
         for record in batch.records:
             tx = decode_transaction(record.value)
             if isinstance(tx, Invalid):
-                await self._route(batch, record, self._outputs.dlq_topic, dead_letter(
+                await self._route(batch, record, "dead_letter", self._outputs.dlq_topic, dead_letter(
                     tx, topic=record.topic, partition=record.partition, offset=record.offset,
                     key=record.key, value=record.value, routed_at_ms=_now_ms()))
                 continue
@@ -95,7 +100,7 @@ class Pipeline:
             # the restored watermark has passed it; only new events can be late.
             if watermark.is_late(tx.ts) and tx.id not in state["id"]:
                 assert record.value is not None and watermark.value is not None
-                await self._route(batch, record, self._outputs.late_topic, late_record(
+                await self._route(batch, record, "late", self._outputs.late_topic, late_record(
                     tx, raw=record.value, watermark=watermark.value, topic=record.topic,
                     partition=record.partition, offset=record.offset, routed_at_ms=_now_ms()))
                 continue
@@ -111,40 +116,50 @@ class Pipeline:
         if items:
             await self._boundary.submit_many(items)
 
-    async def _route(self, batch: RecordBatch, record: RawRecord, topic: str, value: bytes) -> None:
+    async def _route(self, batch: RecordBatch, record: RawRecord, kind: str, topic: str, value: bytes) -> None:
         delivery = asyncio.ensure_future(await self._outputs.send(topic, record.key, value))
         offset = record.offset
-        delivery.add_done_callback(lambda done: self._ack_if_delivered(done, [(batch, offset)]))
+        delivery.add_done_callback(lambda done: self._ack_if_delivered(done, kind, [(batch, offset)]))
 
-    def _ack_if_delivered(self, done: asyncio.Future[object], acks: list[tuple[RecordBatch, int]]) -> None:
+    def _ack_if_delivered(self, done: asyncio.Future[object], kind: str, acks: list[tuple[RecordBatch, int]]) -> None:
         if done.cancelled() or done.exception() is not None:
             error = done.exception() if not done.cancelled() else asyncio.CancelledError()
             assert error is not None
             self._on_delivery_failure(error)
             return
+        if self._metrics is not None:
+            self._metrics.events_out.labels(kind).inc()
         _ack(acks)
 
     async def deliver(self, result: BatchResult[ScoringItem], info: ModelInfo, threshold: float) -> None:
-        """Send a scored batch (or its dead letters) and acknowledge the records once delivered."""
+        """Send a scored batch (dead letters for rows whose inference failed); ack once delivered."""
         outputs = self._outputs
         deliveries = []
-        if result.error is not None or result.scores is None:
-            logger.error("inference failed for a batch of %d: %r", len(result.items), result.error)
-            for item in result.items:
-                record = item.record
+        size = len(result.items)
+        if result.row_errors:
+            logger.error("inference failed for %d of %d rows; dead-lettering them: %s", len(result.row_errors),
+                         size, next(iter(result.row_errors.values())))
+        for index, (item, score, queue_ms) in enumerate(
+                zip(result.items, result.scores.tolist(), result.queue_ms, strict=True)):
+            record = item.record
+            error = result.row_errors.get(index)
+            if error is not None:
                 value = dead_letter(
-                    Invalid("inference_error", f"inference failed: {result.error!r}"),
-                    topic=record.topic, partition=record.partition, offset=record.offset,
-                    key=record.key, value=record.value, routed_at_ms=_now_ms())
+                    Invalid("inference_error", f"inference failed: {error}"), topic=record.topic,
+                    partition=record.partition, offset=record.offset, key=record.key, value=record.value,
+                    routed_at_ms=_now_ms())
                 deliveries.append(await outputs.send(outputs.dlq_topic, record.key, value))
-        else:
-            size = len(result.items)
-            for item, score, queue_ms in zip(result.items, result.scores.tolist(), result.queue_ms, strict=True):
-                value = prediction(
-                    item.tx, score=score, threshold=threshold, model=info.tag, feature_names=info.feature_names,
-                    features=item.features, queue_ms=queue_ms, infer_ms=result.infer_ms, batch_size=size)
-                deliveries.append(await outputs.send(outputs.predictions_topic, item.tx.card_id.encode(), value))
+                continue
+            value = prediction(
+                item.tx, score=score, threshold=threshold, model=info.tag, feature_names=info.feature_names,
+                features=item.features, queue_ms=queue_ms, infer_ms=result.infer_ms, batch_size=size)
+            deliveries.append(await outputs.send(outputs.predictions_topic, item.tx.card_id.encode(), value))
         await asyncio.gather(*deliveries)
+        if self._metrics is not None:
+            failed = len(result.row_errors)
+            self._metrics.events_out.labels("prediction").inc(size - failed)
+            if failed:
+                self._metrics.events_out.labels("dead_letter").inc(failed)
         acks = [(item.batch, item.record.offset) for item in result.items]
         self.cache.ack_when_flushed(max(item.state_epoch for item in result.items), lambda: _ack(acks))
 

@@ -51,7 +51,7 @@ class ModelInfo:
 
 def _session(path: Path, providers: list[str], threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # failures surface as exceptions, logged by seam with context
     if threads > 0:
         options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1

@@ -19,6 +19,7 @@ from mode import Service
 
 from agents import ingest
 from agents.boundary import BatchResult, ModelBoundary
+from agents.metrics import BoundaryMetrics
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from agents.runtime import ModelRuntime
 from app.main import app, settings
@@ -46,6 +47,7 @@ class ScoringService(Service):
         self.runtime: ModelRuntime | None = None
         self.boundary: ModelBoundary[ScoringItem] | None = None
         self.pipeline: Pipeline | None = None
+        self.metrics = BoundaryMetrics()
         self._ready = asyncio.Event()
 
     async def on_start(self) -> None:
@@ -57,7 +59,9 @@ class ScoringService(Service):
         boundary: ModelBoundary[ScoringItem] = ModelBoundary(
             runtime.predict, self._deliver,
             max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
-            max_inflight_batches=settings.max_inflight_batches)
+            max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
+            adaptive=settings.adaptive_batching, observer=self.metrics)
+        self.metrics.model.labels(runtime.info.tag, runtime.info.provider).set(1)
         outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, _send)
         lateness_ms = int(settings.allowed_lateness_s * 1000)
         cache = StateCache(
@@ -68,12 +72,12 @@ class ScoringService(Service):
             boundary, outputs, cache, allowed_lateness_ms=lateness_ms,
             on_delivery_failure=self._on_delivery_failure,
             # The plain Faust path has no commit hook: write each batch's changes through at once.
-            write_through=settings.ingest == "stream")
+            write_through=settings.ingest == "stream", metrics=self.metrics)
         self.runtime, self.boundary = runtime, boundary
         self._ready.set()
-        logger.info("model boundary ready: %s on %s, ingest=%s max_batch_size=%d max_wait_ms=%s",
-                    runtime.info.tag, runtime.info.provider, settings.ingest, settings.max_batch_size,
-                    settings.max_wait_ms)
+        logger.info("model boundary ready: %s on %s, ingest=%s max_batch_size=%d max_wait_ms=%s sla_ms=%s "
+                    "adaptive=%s", runtime.info.tag, runtime.info.provider, settings.ingest,
+                    settings.max_batch_size, settings.max_wait_ms, settings.sla_ms, settings.adaptive_batching)
 
     async def on_stop(self) -> None:
         if self.boundary is not None:

@@ -56,6 +56,9 @@ class Settings:
     max_batch_size: int = 256
     max_wait_ms: float = 5.0
     max_inflight_batches: int = 2
+    # The boundary's own latency budget per item: queueing plus inference.
+    sla_ms: float = 50.0
+    adaptive_batching: bool = True
     inference_threads: int = 0
     fraud_threshold: float = 0.5
     # Event time.
@@ -75,6 +78,8 @@ class Settings:
                 f"SEAM_MAX_INFLIGHT_BATCHES must be >= 1, got {self.max_inflight_batches}")
         if self.ingest not in {"batch", "stream"}:
             raise SettingsError(f"SEAM_INGEST must be batch or stream, got {self.ingest!r}")
+        if self.sla_ms <= 0:
+            raise SettingsError(f"SEAM_SLA_MS must be > 0, got {self.sla_ms}")
         if self.device not in {"auto", "cpu", "cuda"}:
             raise SettingsError(f"SEAM_DEVICE must be auto, cpu or cuda, got {self.device!r}")
         if not 0.0 <= self.fraud_threshold <= 1.0:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from aiokafka.partitioner import murmur2
 from faust.web import Request, Response, View
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents.score import scoring
 from app.main import app, settings
 from tables.features import DEFAULT_SPEC, latest_features
 from tables.state import card_state
 
-__all__ = ["CardFeaturesView", "ModelView"]
+__all__ = ["BatcherView", "CardFeaturesView", "MetricsView", "ModelView"]
 
 
 @app.page("/model/")
@@ -33,6 +34,40 @@ class ModelView(View):
             "waiting": boundary.waiting,
             "stats": boundary.stats.as_dict(),
         })
+
+
+@app.page("/batcher/")
+class BatcherView(View):
+    """The boundary's live settings, its adaptive estimates and recent batch statistics."""
+
+    async def get(self, request: Request) -> Response:
+        boundary = scoring.boundary
+        if boundary is None:
+            return self.json({"status": "loading"}, status=503)
+        batcher = boundary.batcher
+        a_s, b_s = batcher.latency.coefficients()
+        return self.json({
+            "max_batch_size": batcher.max_batch_size,
+            "max_wait_ms": batcher.max_wait_s * 1000,
+            "sla_ms": None if batcher.sla_s is None else batcher.sla_s * 1000,
+            "max_inflight_batches": settings.max_inflight_batches,
+            "adaptive": batcher.adaptive,
+            "target_batch_size": batcher.target_size(),
+            "arrival_rate_per_s": batcher.rate.rate(),
+            "inference_ms_model": {"per_call": a_s * 1000, "per_row": b_s * 1000},
+            "waiting": boundary.waiting,
+            "stats": boundary.stats.as_dict(),
+        })
+
+
+@app.page("/metrics")
+class MetricsView(View):
+    """Prometheus metrics of this worker."""
+
+    async def get(self, request: Request) -> Response:
+        # aiohttp refuses a charset inside content_type; the exposition format is ASCII anyway.
+        content_type = CONTENT_TYPE_LATEST.split("; charset")[0]
+        return self.bytes(generate_latest(scoring.metrics.registry), content_type=content_type)
 
 
 def card_partition(card_id: str) -> int:
