@@ -18,11 +18,20 @@ Adaptive mode (on by default in a worker) chooses the size target from two onlin
 * the arrival rate ``λ``, an exponentially weighted average of inter-arrival gaps
   (:class:`RateEstimator`).
 
-Filling a batch of ``n`` items takes about ``(n - 1) / λ`` seconds, and the batch then runs for
-``t̂(n)``. The target is the largest ``n <= max_batch_size`` with ``(n - 1) / λ + t̂(n) <= sla_s``:
-under low load (``λ`` small) that is 1, so items go out at once. Under high load it grows towards
-``max_batch_size``, where the model is most efficient per row, as far as the SLA allows. The age and
-deadline rules still bound every item's wait whatever the estimates say.
+Adaptive release is work-conserving:
+
+* **Idle:** when the inference thread is idle, whatever is waiting goes out at once. Under low load
+  every item finds the thread idle, so batches are small and queueing is near zero. Under high load
+  items pile up while a batch runs and leave together when it finishes, so batches grow with load
+  without any fixed wait.
+* **Target:** while the thread is busy, a batch is also released (into the next in-flight slot) once
+  ``target_size()`` items wait. Filling a batch of ``n`` items takes about ``(n - 1) / λ`` seconds,
+  and the batch then runs for ``t̂(n)``. The target is the largest ``n <= max_batch_size`` with
+  ``(n - 1) / λ + t̂(n) <= sla_s``.
+* **SLA cap:** a released batch holds at most the largest ``n`` whose ``t̂(n)`` still fits in the
+  oldest item's remaining budget.
+
+The age and deadline rules bound every item's wait whatever the estimates say.
 
 Items leave in arrival order, so predictions for one card leave in the order its events arrived.
 """
@@ -159,12 +168,15 @@ class Batcher(Generic[T]):
         n = int((self.sla_s - a + gap) / (gap + b))
         return max(1, min(self.max_batch_size, n))
 
-    def due_at(self) -> float | None:
-        """When the next batch must be released at the latest, or ``None`` when empty."""
+    def due_at(self, idle: bool = False) -> float | None:
+        """When the next batch must be released at the latest, or ``None`` when empty.
+
+        ``idle``: the inference thread has nothing to do (adaptive mode then releases at once).
+        """
         if not self._queue:
             return None
         oldest = self._queue[0]
-        if len(self._queue) >= self.target_size():
+        if (idle and self.adaptive) or len(self._queue) >= self.target_size():
             return oldest.arrived
         due = oldest.arrived + self.max_wait_s
         if self.sla_s is not None:
@@ -172,15 +184,24 @@ class Batcher(Generic[T]):
             due = min(due, oldest.deadline - self.latency.predict(size))
         return max(due, oldest.arrived)
 
-    def ready(self, now: float) -> bool:
+    def ready(self, now: float, idle: bool = False) -> bool:
         """Say whether a batch should be released at ``now``."""
-        due = self.due_at()
+        due = self.due_at(idle)
         return due is not None and now >= due
 
-    def take(self) -> list[Pending[T]]:
-        """Remove and return the oldest items, at most ``max_batch_size`` of them."""
+    def take(self, now: float | None = None) -> list[Pending[T]]:
+        """Remove and return the oldest items: at most ``max_batch_size``, and in adaptive mode (given
+        ``now``) no more than the oldest item's remaining SLA budget can run."""
         count = min(len(self._queue), self.max_batch_size)
+        if self.adaptive and now is not None and count > 1:
+            count = min(count, self._sla_cap(self._queue[0].deadline - now))
         return [self._queue.popleft() for _ in range(count)]
+
+    def _sla_cap(self, budget_s: float) -> int:
+        a, b = self.latency.coefficients()
+        if b <= 0:
+            return self.max_batch_size
+        return max(1, int((budget_s - a) / b))
 
     def observe_inference(self, batch_size: int, seconds: float) -> None:
         """Feed one batch's measured inference time to the latency model."""

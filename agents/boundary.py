@@ -120,6 +120,7 @@ class ModelBoundary(Generic[T]):
         self._tail: asyncio.Future[None] | None = None
         self._failure: BaseException | None = None
         self._flushing = 0
+        self._running = 0  # batches dispatched whose inference has not finished
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seam-inference")
         self.stats = BoundaryStats()
 
@@ -150,7 +151,7 @@ class ModelBoundary(Generic[T]):
         loop = asyncio.get_running_loop()
         while True:
             self._raise_failure()
-            due = self._batcher.due_at()
+            due = self._batcher.due_at(idle=self._running == 0)
             if due is not None and self._flushing:
                 due = min(due, self._clock())
             if due is None or self._clock() < due:
@@ -160,8 +161,9 @@ class ModelBoundary(Generic[T]):
                     await asyncio.wait_for(self._wakeup.wait(), timeout)
                 continue
             await self._inflight.acquire()
-            batch = self._batcher.take()
+            batch = self._batcher.take(self._clock())
             self._space.set()
+            self._running += 1
             dispatched = self._clock()
             future = loop.run_in_executor(self._executor, self._infer, batch)
             self._tail = asyncio.ensure_future(self._complete(batch, dispatched, future, self._tail))
@@ -230,6 +232,8 @@ class ModelBoundary(Generic[T]):
             row_errors = {i: f"{type(exc).__name__}: {exc}" for i in range(len(batch))}
         finally:
             self._inflight.release()
+            self._running -= 1
+            self._wakeup.set()  # the thread may be idle now: adaptive release re-evaluates
         if not row_errors:
             self._batcher.observe_inference(len(batch), infer_s)
         if previous is not None:
