@@ -29,7 +29,8 @@ Adaptive release is work-conserving:
   and the batch then runs for ``t̂(n)``. The target is the largest ``n <= max_batch_size`` with
   ``(n - 1) / λ + t̂(n) <= sla_s``.
 * **SLA cap:** a released batch holds at most the largest ``n`` whose ``t̂(n)`` still fits in the
-  oldest item's remaining budget.
+  oldest item's remaining budget; once that budget is spent (after a stall) batches are full again,
+  to clear the backlog fastest.
 
 The age and deadline rules bound every item's wait whatever the estimates say.
 
@@ -199,7 +200,9 @@ class Batcher(Generic[T]):
 
     def _sla_cap(self, budget_s: float) -> int:
         a, b = self.latency.coefficients()
-        if b <= 0:
+        if b <= 0 or budget_s < a + b:
+            # Nothing to protect (or the oldest item will be late anyway): the largest batch clears
+            # the backlog fastest, so a stall does not leave the boundary running single rows.
             return self.max_batch_size
         return max(1, int((budget_s - a) / b))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -29,6 +30,8 @@ import numpy as np
 from agents.batcher import Batcher, Pending
 
 __all__ = ["BatchObserver", "BatchResult", "BoundaryStats", "ModelBoundary"]
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Predict = Callable[[np.ndarray], np.ndarray]
@@ -121,6 +124,7 @@ class ModelBoundary(Generic[T]):
         self._failure: BaseException | None = None
         self._flushing = 0
         self._running = 0  # batches dispatched whose inference has not finished
+        self._sleep_until = float("inf")  # when the dispatch loop will look again unless woken
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seam-inference")
         self.stats = BoundaryStats()
 
@@ -136,10 +140,16 @@ class ModelBoundary(Generic[T]):
             self._space.clear()
             await self._space.wait()
         self._raise_failure()
-        self._batcher.add((features, item), self._clock())
-        size = len(self._batcher)
-        if size == 1 or size >= self._batcher.target_size():
+        batcher = self._batcher
+        batcher.add((features, item), self._clock())
+        size = len(batcher)
+        if size == 1 or size >= batcher.target_size():
             self._wakeup.set()
+        elif batcher.sla_s is not None:
+            # A bigger batch takes longer to run, so its deadline release moves earlier.
+            due = batcher.due_at(idle=self._running == 0)
+            if due is not None and due < self._sleep_until:
+                self._wakeup.set()
 
     async def submit_many(self, items: Iterable[tuple[Sequence[float], T]]) -> None:
         """Queue feature vectors in order; waits whenever the boundary is full."""
@@ -156,9 +166,11 @@ class ModelBoundary(Generic[T]):
                 due = min(due, self._clock())
             if due is None or self._clock() < due:
                 self._wakeup.clear()
+                self._sleep_until = float("inf") if due is None else due
                 timeout = None if due is None else due - self._clock()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), timeout)
+                self._sleep_until = float("inf")
                 continue
             await self._inflight.acquire()
             batch = self._batcher.take(self._clock())
@@ -231,9 +243,25 @@ class ModelBoundary(Generic[T]):
             features, scores, infer_s = np.empty((0, 0), np.float32), np.full(len(batch), np.nan, np.float32), 0.0
             row_errors = {i: f"{type(exc).__name__}: {exc}" for i in range(len(batch))}
         finally:
-            self._inflight.release()
             self._running -= 1
             self._wakeup.set()  # the thread may be idle now: adaptive release re-evaluates
+        try:
+            await self._finish(batch, dispatched, previous, features, scores, row_errors, infer_s)
+        finally:
+            # The slot is free only once the batch is delivered: a stuck delivery stops dispatching,
+            # and with it submit(), instead of piling up scored batches.
+            self._inflight.release()
+
+    async def _finish(
+        self,
+        batch: list[Pending[tuple[Sequence[float], T]]],
+        dispatched: float,
+        previous: asyncio.Future[None] | None,
+        features: np.ndarray,
+        scores: np.ndarray,
+        row_errors: dict[int, str],
+        infer_s: float,
+    ) -> None:
         if not row_errors:
             self._batcher.observe_inference(len(batch), infer_s)
         if previous is not None:
@@ -253,7 +281,11 @@ class ModelBoundary(Generic[T]):
         stats.recent_queue_ms.extend(result.queue_ms)
         stats.recent_batch_sizes.append(len(batch))
         if self._observer is not None:
-            self._observer.on_batch(len(batch), queue_s, infer_s, len(row_errors), misses, self._batcher.target_size())
+            try:
+                self._observer.on_batch(len(batch), queue_s, infer_s, len(row_errors), misses,
+                                        self._batcher.target_size())
+            except Exception:  # metrics must never cost a batch
+                logger.exception("batch observer failed")
         try:
             await self._deliver(result)
         except Exception as exc:  # noqa: BLE001 - surfaced by run() and submit()

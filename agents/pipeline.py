@@ -21,7 +21,7 @@ from agents.ingest import RawRecord, RecordBatch
 from agents.metrics import BoundaryMetrics
 from agents.runtime import ModelInfo
 from tables.cache import StateCache
-from tables.features import apply_event
+from tables.features import apply_event, replayable
 
 __all__ = ["Outputs", "Pipeline", "ScoringItem"]
 
@@ -97,8 +97,9 @@ class Pipeline:
                 continue
             state = cache.card(partition, tx.card_id)
             # A redelivered event already in its card's state is scored again (same features) even if
-            # the restored watermark has passed it; only new events can be late.
-            if watermark.is_late(tx.ts) and tx.id not in state["id"]:
+            # the restored watermark has passed it, as long as it lies within the replay horizon.
+            if watermark.is_late(tx.ts) and not (
+                    tx.id in state["id"] and replayable(state, tx.ts, allowed_lateness_ms=lateness_ms)):
                 assert record.value is not None and watermark.value is not None
                 await self._route(batch, record, "late", self._outputs.late_topic, late_record(
                     tx, raw=record.value, watermark=watermark.value, topic=record.topic,

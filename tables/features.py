@@ -17,10 +17,14 @@ windows are index ranges found by bisection and its aggregates are C-level ``sum
 over list slices. Only a redelivered event (its id is already in the state) takes the slow path that
 also filters by arrival number, so it is scored with exactly the features it had the first time.
 
-Events older than any future on-time event can need are evicted: a future event of this card that is
-not late has ``ts >= card_max_ts - allowed_lateness`` (the partition's watermark is at least that),
-so anything at or below ``card_max_ts - allowed_lateness - max(window)`` can never be in its windows.
-``prev`` keeps the highest evicted time for ``secs_since_prev``.
+Eviction keeps the state bounded without changing any result. A future event of this card that is not
+late has ``ts >= card_max_ts - allowed_lateness`` (the partition's watermark is at least that), so it
+never needs anything at or below ``card_max_ts - allowed_lateness - W`` (``W`` the largest window). A
+*redelivered* event is scored again from the state only while it lies within that same replay horizon
+(:func:`replayable`); older redeliveries are below the watermark and go to the late topic like any
+late event. Replaying an event at the horizon needs one more window of context, so the state keeps
+events down to ``card_max_ts - allowed_lateness - 2·W`` and evicts the rest. ``prev`` keeps the
+highest evicted time for ``secs_since_prev``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_SPEC", "Applied", "CardState", "FeatureSpec", "Watermark", "apply_event", "event_ids",
-    "latest_features", "new_state",
+    "latest_features", "new_state", "replayable",
 ]
 
 CardState = dict[str, Any]
@@ -108,7 +112,7 @@ def apply_event(
     state["mer"].insert(pos, merchant_id)
     ids.insert(pos, event_id)
     state["seq"].insert(pos, state["n"])
-    pos = _evict(state, pos, times[-1] - allowed_lateness_ms - spec.max_window_ms)
+    pos = _evict(state, pos, times[-1] - allowed_lateness_ms - 2 * spec.max_window_ms)
     return Applied(_features(state, pos, spec), False)
 
 
@@ -118,6 +122,12 @@ def latest_features(state: CardState, spec: FeatureSpec = DEFAULT_SPEC) -> tuple
         return None
     index = max(range(len(state["seq"])), key=state["seq"].__getitem__)
     return state["id"][index], _replayed_features(state, index, spec)
+
+
+def replayable(state: CardState, ts_ms: int, *, allowed_lateness_ms: int, spec: FeatureSpec = DEFAULT_SPEC) -> bool:
+    """Say whether an already-applied event at ``ts_ms`` can be scored again with its first features."""
+    times: list[int] = state["ts"]
+    return not times or ts_ms >= times[-1] - allowed_lateness_ms - spec.max_window_ms
 
 
 def _evict(state: CardState, pos: int, cutoff: int) -> int:

@@ -4,7 +4,8 @@ Brute force over the whole event log: no eviction, no sorted lists, no bisection
 the production code but the feature names. It replays events in arrival order (per partition, as
 Kafka delivers them) with the documented rules:
 
-* an event whose id was already applied is scored again with the features it got the first time;
+* an event whose id was already applied is scored again with the features it got the first time, if
+  it lies within the replay horizon (``ts >= the card's highest applied ts - lateness - 3600 s``);
 * otherwise it is late when its ``ts`` is below its partition's watermark (the highest ``ts`` of
   the partition's earlier on-time events minus the allowed lateness): not applied, not scored;
 * otherwise it is applied, and its features cover the card's applied events (itself included,
@@ -58,11 +59,13 @@ def replay(events: Iterable[Mapping[str, Any]], allowed_lateness_ms: int) -> lis
     """The outcome of every event (each needs ``partition``, ``id``, ``card_id``, ``ts``, ``amount``,
     ``merchant_id``), in arrival order."""
     highest: dict[int, int] = {}
+    card_highest: dict[str, int] = {}
     applied: dict[str, list[Mapping[str, Any]]] = {}
     first: dict[str, dict[str, float]] = {}
     outcomes: list[Scored | Late] = []
     for event in events:
-        if event["id"] in first:
+        horizon = card_highest.get(event["card_id"], event["ts"]) - allowed_lateness_ms - max(WINDOWS_S) * 1000
+        if event["id"] in first and event["ts"] >= horizon:
             outcomes.append(Scored(first[event["id"]]))
             continue
         partition, ts = event["partition"], event["ts"]
@@ -70,6 +73,7 @@ def replay(events: Iterable[Mapping[str, Any]], allowed_lateness_ms: int) -> lis
             outcomes.append(Late(highest[partition] - allowed_lateness_ms))
             continue
         highest[partition] = max(highest.get(partition, ts), ts)
+        card_highest[event["card_id"]] = max(card_highest.get(event["card_id"], ts), ts)
         log = applied.setdefault(event["card_id"], [])
         log.append(event)
         first[event["id"]] = features_of(event, log)

@@ -102,7 +102,7 @@ def test_take_on_partial_batch_returns_everything(make: MakeBatcher) -> None:
     b = make(max_batch_size=5)
     b.add("x", 1.0)
     b.add("y", 2.0)
-    assert b.take() == [Pending("x", 1.0), Pending("y", 2.0)]
+    assert b.take() == [Pending("x", 1.0, float("inf")), Pending("y", 2.0, float("inf"))]
     assert len(b) == 0
 
 
@@ -126,7 +126,7 @@ def test_batch_size_one(make: MakeBatcher) -> None:
 
 def test_pending_is_frozen() -> None:
     """Pending records are immutable."""
-    p = Pending("a", 1.0)
+    p = Pending("a", 1.0, 2.0)
     with pytest.raises(AttributeError):
         p.arrived = 2.0  # type: ignore[misc]
 

@@ -313,7 +313,7 @@ def test_secs_since_prev_survives_eviction(card: Callable[..., tuple[CardState, 
     """After the previous event is evicted, state["prev"] still provides the gap."""
     state, apply = card(lateness_ms=LATENESS_MS)
     apply("a", T, 1.0)
-    horizon = LATENESS_MS + DEFAULT_SPEC.max_window_ms
+    horizon = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms
     b = apply("b", T + horizon + 1, 2.0)
     assert [row[4] for row in rows(state)] == ["b"]  # a was evicted
     assert state["prev"] == T
@@ -326,7 +326,7 @@ def test_secs_since_prev_survives_eviction(card: Callable[..., tuple[CardState, 
 def test_eviction_boundary_is_inclusive(card: Callable[..., tuple[CardState, Apply]]) -> None:
     """An event exactly at max_ts - lateness - max_window is evicted; 1 ms newer is kept."""
     state, apply = card(lateness_ms=LATENESS_MS)
-    horizon = LATENESS_MS + DEFAULT_SPEC.max_window_ms
+    horizon = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms
     apply("a", T, 1.0)
     apply("b", T + 1, 1.0)
     apply("c", T + horizon, 1.0)
@@ -337,7 +337,7 @@ def test_eviction_boundary_is_inclusive(card: Callable[..., tuple[CardState, App
 def test_prev_keeps_the_max_evicted_ts(card: Callable[..., tuple[CardState, Apply]]) -> None:
     """state["prev"] is the maximum evicted ts, not that of the last-arrived evicted event."""
     state, apply = card(lateness_ms=LATENESS_MS)
-    horizon = LATENESS_MS + DEFAULT_SPEC.max_window_ms
+    horizon = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms
     apply("a", T + 50 * S, 1.0)
     apply("b", T, 1.0)  # on time: not below T+50s - 60s
     apply("c", T + 50 * S + horizon, 1.0)  # cutoff T+50s: evicts a and b together
@@ -490,7 +490,7 @@ def test_eviction_keeps_state_bounded() -> None:
     """10,000 events over ~83 hours keep only what lateness + the largest window can still need."""
     rng = random.Random(42)
     state = new_state()
-    horizon = LATENESS_MS + DEFAULT_SPEC.max_window_ms  # 3660 s
+    horizon = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms  # 7260 s (replay needs one more window)
     spacing = 30 * S
     applied: list[int] = []
     max_ts = 0
@@ -505,7 +505,7 @@ def test_eviction_keeps_state_bounded() -> None:
             # Exactly the events newer than max_ts - horizon are kept.
             kept = sorted(row[1] for row in rows(state))
             assert kept == sorted(t for t in applied if t > max_ts - horizon)
-    # 3660 s of events 30 s apart (plus the jitter band) is far below 10,000.
+    # 7260 s of events 30 s apart (plus the jitter band) is far below 10,000.
     assert longest <= horizon // spacing + LATENESS_MS // spacing + 2
     assert state["n"] == 10_000
     assert state["prev"] is not None and state["prev"] <= max_ts - horizon
@@ -519,7 +519,7 @@ def test_eviction_keeps_sequence_numbers_increasing(
     for i in range(10):
         apply(f"e{i}", T + i * 3600 * S, 1.0)
     assert state["n"] == 10
-    assert [row[0] for row in rows(state)] == [10]
+    assert [row[0] for row in rows(state)] == [9, 10]  # 2 h retention (lateness 0): e8 and e9 remain
 
 
 # --- watermark ------------------------------------------------------------------------------------

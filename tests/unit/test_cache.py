@@ -1,0 +1,383 @@
+"""Unit tests for tables.cache.StateCache over dict-backed tables with a partition-recording scope."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from tables.cache import StateCache
+from tables.features import CardState, apply_event, new_state
+
+LATENESS_MS = 60_000
+T = 1_764_500_000_000
+
+
+class Tables:
+    """Partitioned dict tables; every access is logged with the partition that was current during it."""
+
+    def __init__(self) -> None:
+        self.cards: dict[tuple[int, str], CardState] = {}
+        self.watermarks: dict[int, int] = {}
+        self.current: int | None = None
+        self.log: list[tuple[str, int | None, object]] = []
+
+    @contextmanager
+    def scope(self, partition: int) -> Iterator[None]:
+        assert self.current is None, "scopes must not nest"
+        self.current = partition
+        try:
+            yield
+        finally:
+            self.current = None
+
+    def load_card(self, card_id: str) -> CardState | None:
+        self.log.append(("load_card", self.current, card_id))
+        state = self.cards.get((self._partition(), card_id))
+        return copy.deepcopy(state)  # like a RocksDB read: a fresh object
+
+    def store_card(self, card_id: str, state: CardState) -> None:
+        self.log.append(("store_card", self.current, card_id))
+        self.cards[(self._partition(), card_id)] = copy.deepcopy(state)
+
+    def load_watermark(self) -> int | None:
+        self.log.append(("load_watermark", self.current, None))
+        return self.watermarks.get(self._partition())
+
+    def store_watermark(self, max_ts: int) -> None:
+        self.log.append(("store_watermark", self.current, max_ts))
+        self.watermarks[self._partition()] = max_ts
+
+    def _partition(self) -> int:
+        assert self.current is not None, "table access outside a partition scope"
+        return self.current
+
+    def ops(self, name: str) -> list[tuple[int | None, object]]:
+        """(partition, key) of every logged access of one kind."""
+        return [(partition, key) for op, partition, key in self.log if op == name]
+
+
+@pytest.fixture
+def tables() -> Tables:
+    return Tables()
+
+
+@pytest.fixture
+def make_cache(tables: Tables) -> Callable[..., StateCache]:
+    """Factory: a StateCache over ``tables`` (keyword arguments override the defaults)."""
+
+    def make(max_clean_cards: int = 100_000) -> StateCache:
+        return StateCache(load_card=tables.load_card, store_card=tables.store_card,
+                          load_watermark=tables.load_watermark, store_watermark=tables.store_watermark,
+                          scope=tables.scope, allowed_lateness_ms=LATENESS_MS, max_clean_cards=max_clean_cards)
+
+    return make
+
+
+def stored_state(event_id: str = "e1", ts: int = T) -> CardState:
+    """A non-empty card state."""
+    state = new_state()
+    apply_event(state, event_id, ts, 5.0, "m", allowed_lateness_ms=LATENESS_MS)
+    return state
+
+
+def apply(state: CardState, event_id: str, ts: int = T) -> None:
+    apply_event(state, event_id, ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+
+
+# --- card(), peek() ------------------------------------------------------------------------------------------
+
+
+def test_card_loads_once_in_its_partition_scope_and_caches(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    tables.cards[(2, "c")] = stored_state()
+    cache = make_cache()
+    first = cache.card(2, "c")
+    assert first == stored_state()
+    assert cache.card(2, "c") is first
+    assert tables.ops("load_card") == [(2, "c")]
+
+
+def test_unknown_card_is_a_new_state_loaded_once(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
+    cache = make_cache()
+    state = cache.card(0, "nobody")
+    assert state == new_state()
+    apply(state, "e1")
+    assert cache.card(0, "nobody") is state and state["id"] == ["e1"]
+    assert tables.ops("load_card") == [(0, "nobody")]
+
+
+def test_same_card_id_in_two_partitions_is_two_states(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
+    tables.cards[(1, "c")] = stored_state("in-1")
+    cache = make_cache()
+    assert cache.card(1, "c")["id"] == ["in-1"]
+    assert cache.card(3, "c") == new_state()
+    assert tables.ops("load_card") == [(1, "c"), (3, "c")]
+
+
+def test_peek_returns_the_cached_state_without_loading(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
+    cache = make_cache()
+    state = cache.card(0, "c")
+    apply(state, "unflushed")
+    assert cache.peek(0, "c") is state
+    assert tables.ops("load_card") == [(0, "c")]
+
+
+def test_peek_loads_in_scope_but_does_not_cache(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
+    tables.cards[(1, "c")] = stored_state()
+    cache = make_cache()
+    assert cache.peek(1, "c") == stored_state()
+    assert cache.peek(1, "c") == stored_state()
+    assert cache.peek(1, "unknown") is None
+    assert tables.ops("load_card") == [(1, "c"), (1, "c"), (1, "unknown")]
+    cache.card(1, "c")  # peek cached nothing: card() loads again
+    assert tables.ops("load_card")[-1] == (1, "c") and len(tables.ops("load_card")) == 4
+
+
+# --- touch(), flush() ----------------------------------------------------------------------------------------
+
+
+def test_flush_writes_each_touched_card_once_in_its_scope(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    cache = make_cache()
+    a, b = cache.card(0, "a"), cache.card(1, "b")
+    cache.card(1, "untouched")
+    for i in range(3):
+        apply(a, f"a{i}", T + i)
+        cache.touch(0, "a")
+    apply(b, "b0")
+    cache.touch(1, "b")
+    assert cache.dirty_cards() == 2
+    assert tables.ops("store_card") == []  # nothing is written before a flush
+    assert cache.flush() == 2
+    assert sorted(tables.ops("store_card"), key=str) == [(0, "a"), (1, "b")]
+    assert tables.cards[(0, "a")]["id"] == ["a0", "a1", "a2"]
+    assert tables.cards[(1, "b")]["id"] == ["b0"]
+    assert (1, "untouched") not in tables.cards
+    assert cache.dirty_cards() == 0
+
+
+def test_a_second_flush_writes_only_what_was_touched_since(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    cache = make_cache()
+    a, b = cache.card(0, "a"), cache.card(0, "b")
+    apply(a, "a0")
+    apply(b, "b0")
+    cache.touch(0, "a")
+    cache.touch(0, "b")
+    cache.flush()
+    assert cache.flush() == 0
+    apply(b, "b1", T + 1)
+    cache.touch(0, "b")
+    assert cache.flush() == 1
+    assert tables.ops("store_card") in ([(0, "a"), (0, "b"), (0, "b")], [(0, "b"), (0, "a"), (0, "b")])
+    assert tables.cards[(0, "b")]["id"] == ["b0", "b1"]
+
+
+def test_table_holds_a_snapshot_of_the_flushed_state(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
+    cache = make_cache()
+    state = cache.card(0, "c")
+    apply(state, "flushed")
+    cache.touch(0, "c")
+    cache.flush()
+    apply(state, "not-yet", T + 1)  # changed after the flush, not touched
+    assert tables.cards[(0, "c")]["id"] == ["flushed"]
+    assert cache.flush() == 0
+
+
+# --- watermarks ----------------------------------------------------------------------------------------------
+
+
+def test_watermark_is_restored_from_the_table_once(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
+    tables.watermarks[3] = T
+    cache = make_cache()
+    watermark = cache.watermark(3)
+    assert watermark.max_ts == T and watermark.value == T - LATENESS_MS
+    assert watermark.is_late(T - LATENESS_MS - 1) and not watermark.is_late(T - LATENESS_MS)
+    assert cache.watermark(3) is watermark
+    unknown = cache.watermark(0)
+    assert unknown.max_ts is None and unknown.value is None
+    assert tables.ops("load_watermark") == [(3, None), (0, None)]
+
+
+def test_touched_watermark_is_stored_in_its_scope_on_flush(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    cache = make_cache()
+    cache.watermark(1).observe(T + 5)
+    cache.watermark(2).observe(T + 9)  # observed but not touched: not written
+    cache.touch_watermark(1)
+    assert tables.ops("store_watermark") == []
+    assert cache.flush() == 1
+    assert tables.ops("store_watermark") == [(1, T + 5)]
+    assert tables.watermarks == {1: T + 5}
+    assert cache.flush() == 0  # no longer dirty
+
+
+def test_touched_watermark_without_events_is_not_stored(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    cache = make_cache()
+    cache.watermark(0)
+    cache.touch_watermark(0)
+    assert cache.flush() == 0
+    assert tables.ops("store_watermark") == [] and tables.watermarks == {}
+
+
+def test_flushed_state_and_watermark_restore_into_a_new_cache(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    cache = make_cache()
+    apply(cache.card(2, "c"), "e1", T + 7)
+    cache.touch(2, "c")
+    cache.watermark(2).observe(T + 7)
+    cache.touch_watermark(2)
+    assert cache.flush() == 2
+    restored = make_cache()
+    assert restored.card(2, "c")["id"] == ["e1"]
+    assert restored.watermark(2).max_ts == T + 7
+
+
+# --- acknowledgements and epochs -----------------------------------------------------------------------------
+
+
+def test_flush_increments_the_epoch_even_with_nothing_to_write(make_cache: Callable[..., StateCache]) -> None:
+    cache = make_cache()
+    assert cache.epoch == 0
+    cache.flush()
+    cache.flush()
+    assert cache.epoch == 2 and cache.flushes == 2 and cache.writes == 0
+
+
+def test_ack_of_the_current_epoch_waits_for_the_next_flush_then_runs_once(
+    make_cache: Callable[..., StateCache],
+) -> None:
+    cache = make_cache()
+    runs: list[str] = []
+    cache.ack_when_flushed(cache.epoch, lambda: runs.append("a"))
+    cache.ack_when_flushed(cache.epoch, lambda: runs.append("b"))
+    assert runs == []
+    cache.flush()
+    assert runs == ["a", "b"]
+    cache.flush()
+    assert runs == ["a", "b"]
+
+
+def test_ack_of_an_older_epoch_runs_immediately(make_cache: Callable[..., StateCache]) -> None:
+    cache = make_cache()
+    stamped = cache.epoch
+    cache.flush()
+    runs: list[int] = []
+    cache.ack_when_flushed(stamped, lambda: runs.append(stamped))
+    assert runs == [stamped]
+    cache.flush()
+    assert runs == [stamped]
+
+
+def test_deferred_acks_run_after_the_writes_they_wait_for(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    cache = make_cache()
+    apply(cache.card(0, "c"), "e1")
+    cache.touch(0, "c")
+    cache.watermark(0).observe(T)
+    cache.touch_watermark(0)
+    cache.ack_when_flushed(cache.epoch, lambda: tables.log.append(("ack", None, None)))
+    cache.flush()
+    assert [op for op, _, _ in tables.log if op != "load_card" and op != "load_watermark"] == [
+        "store_card", "store_watermark", "ack"]
+
+
+def test_ack_stamped_after_a_flush_waits_for_the_following_one(make_cache: Callable[..., StateCache]) -> None:
+    cache = make_cache()
+    cache.flush()
+    runs: list[str] = []
+    cache.ack_when_flushed(cache.epoch, lambda: runs.append("late"))
+    assert runs == []
+    cache.flush()
+    assert runs == ["late"]
+
+
+# --- forget() ------------------------------------------------------------------------------------------------
+
+
+def test_forget_drops_states_watermarks_dirty_marks_and_deferred_acks(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    tables.cards[(0, "c")] = stored_state("stored")
+    tables.watermarks[0] = T
+    cache = make_cache()
+    apply(cache.card(0, "c"), "unflushed", T + 1)
+    cache.touch(0, "c")
+    cache.watermark(0).observe(T + 1)
+    cache.touch_watermark(0)
+    runs: list[str] = []
+    cache.ack_when_flushed(cache.epoch, lambda: runs.append("ack"))
+    cache.forget()
+    assert cache.dirty_cards() == 0
+    assert cache.card(0, "c")["id"] == ["stored"]  # reloaded: the unflushed change is gone
+    assert cache.watermark(0).max_ts == T  # reloaded from the table
+    assert len(tables.ops("load_card")) == 2 and len(tables.ops("load_watermark")) == 2
+    assert cache.flush() == 0
+    assert runs == []  # a forgotten ack never runs
+    assert tables.ops("store_card") == [] and tables.ops("store_watermark") == []
+
+
+# --- max_clean_cards -----------------------------------------------------------------------------------------
+
+
+def test_clean_cache_is_cleared_after_a_flush_beyond_the_bound(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    cache = make_cache(max_clean_cards=2)
+    states = [cache.card(0, name) for name in ("a", "b", "c")]
+    apply(states[0], "a1")
+    cache.touch(0, "a")
+    assert cache.flush() == 1
+    assert len(tables.ops("load_card")) == 3
+    reloaded = cache.card(0, "a")
+    assert reloaded is not states[0] and reloaded["id"] == ["a1"]  # from the table, with the flushed change
+    assert len(tables.ops("load_card")) == 4
+
+
+def test_clean_cache_within_the_bound_is_kept(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
+    cache = make_cache(max_clean_cards=2)
+    a = cache.card(0, "a")
+    cache.card(1, "b")
+    cache.flush()
+    assert cache.card(0, "a") is a
+    assert len(tables.ops("load_card")) == 2
+
+
+def test_watermarks_survive_the_clean_cache_bound(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
+    cache = make_cache(max_clean_cards=0)
+    cache.card(0, "a")
+    watermark = cache.watermark(0)
+    watermark.observe(T)
+    cache.flush()  # watermark not touched, so not stored: it must stay in memory
+    assert cache.watermark(0) is watermark and watermark.max_ts == T
+    assert tables.ops("load_watermark") == [(0, None)]
+
+
+# --- counters ------------------------------------------------------------------------------------------------
+
+
+def test_counters_accumulate_flushes_and_writes(make_cache: Callable[..., StateCache]) -> None:
+    cache = make_cache()
+    for name in ("a", "b"):
+        apply(cache.card(0, name), f"{name}1")
+        cache.touch(0, name)
+    cache.watermark(0).observe(T)
+    cache.touch_watermark(0)
+    assert cache.flush() == 3
+    apply(cache.card(1, "c"), "c1")
+    cache.touch(1, "c")
+    cache.touch(1, "c")
+    assert cache.flush() == 1
+    cache.flush()
+    assert (cache.flushes, cache.writes, cache.epoch) == (3, 4, 3)
