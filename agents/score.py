@@ -51,6 +51,10 @@ class ScoringService(Service):
         self._ready = asyncio.Event()
 
     async def on_start(self) -> None:
+        # Faust leaves the root logger at DEBUG whatever -l says; aiokafka then builds a log record
+        # for every message it sends (filtered out later, but paid for on the hot path).
+        if logging.getLogger("aiokafka").getEffectiveLevel() < logging.INFO:
+            logging.getLogger("aiokafka").setLevel(logging.INFO)
         runtime = await asyncio.to_thread(
             ModelRuntime.load, settings.model_path, feature_names=DEFAULT_SPEC.names,
             device=settings.device, threads=settings.inference_threads)

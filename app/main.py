@@ -29,6 +29,9 @@ app = faust.App(
     topic_replication_factor=settings.topic_replication_factor,
     broker_max_poll_records=settings.max_poll_records,
     producer_acks=-1,
+    # A few milliseconds of linger turn thousands of per-record produce requests into a few batches.
+    producer_linger=0.005,
+    producer_max_batch_size=256 * 1024,
     consumer_auto_offset_reset="earliest",
     key_serializer="raw",
     value_serializer="raw",

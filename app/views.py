@@ -97,5 +97,5 @@ class CardFeaturesView(View):
             "features": dict(zip(DEFAULT_SPEC.names, features, strict=True)),
             "watermark": pipeline.cache.watermark(partition).value,
             "events_in_state": len(state["ts"]),
-            "served_by": app.conf.canonical_url.host,
+            "served_by": str(app.conf.canonical_url),
         })
