@@ -172,6 +172,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         super().__init__(*args, **kwargs)
         self.epoch = 0
         self.stale_acks = 0
+        self._background_commit: asyncio.Future[bool] | None = None
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         if revoked and _revoke_hooks:
@@ -230,12 +231,21 @@ class BatchConsumer(faust_aiokafka.Consumer):
                         await self._deliver_batch(tp, tp_records, handler)
                 commit_every = self._commit_every
                 if commit_every is not None and self._n_acked >= commit_every:
+                    # In the background, unlike Faust's loop: a commit flushes the producer (and the
+                    # state cache's changelog writes); awaiting it here would stall ingestion.
                     self._n_acked = 0
-                    await self.commit()
+                    self._background_commit = asyncio.ensure_future(self._commit_in_background())
         except self.consumer_stopped_errors:
             if self.transport.app.should_stop:
                 return
             raise
+
+    async def _commit_in_background(self) -> None:
+        try:
+            await self.commit()
+        except Exception:
+            if not self.should_stop:  # failing while stopping is expected; the next owner re-reads
+                logger.exception("background commit failed")
 
     async def _deliver_batch(self, tp: TP, tp_records: list[Any], handler: BatchHandler) -> None:
         read_offset = self._read_offset[tp]

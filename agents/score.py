@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,6 +111,8 @@ class ScoringService(Service):
 
     def _on_delivery_failure(self, error: BaseException) -> None:
         # Not acknowledging keeps the offset uncommitted; stopping makes the record come back.
+        if app.should_stop:
+            return  # the producer is closing under a pending send: the record is simply redelivered
         logger.error("an output could not be delivered: %r; stopping the worker", error)
         asyncio.ensure_future(self.crash(error))
 
@@ -135,7 +138,11 @@ if settings.ingest == "batch":
     @ingest.before_commit
     def _flush_state() -> None:
         if scoring.pipeline is not None:
-            scoring.pipeline.cache.flush()
+            started = time.perf_counter()
+            writes = scoring.pipeline.cache.flush()
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            log = logger.warning if elapsed_ms > 250 else logger.debug
+            log("state flush: %d table writes in %.1f ms", writes, elapsed_ms)
 
     @ingest.batch_agent(app, transactions_topic)
     async def score_batches(batch: ingest.RecordBatch) -> None:

@@ -57,6 +57,7 @@ class TransactionGenerator:
         self._late_rate = late_rate
         self._merchants = merchants
         self._id_prefix = id_prefix
+        self.last_ts_ms = start_ms
         self._count = 0
         rng = self._rng
         self.cards = [
@@ -101,6 +102,7 @@ class TransactionGenerator:
                 burst_left = rng.randint(3, 8)
                 next_gap_s = rng.uniform(5, 60)
         heapq.heappush(self._heap, (ts + max(1, int(next_gap_s * 1000)), self._count, index, burst_left))
+        self.last_ts_ms = max(self.last_ts_ms, ts)
         event_ts = ts
         roll = rng.random()
         if roll < self._late_rate:

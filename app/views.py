@@ -11,7 +11,7 @@ from app.main import app, settings
 from tables.features import DEFAULT_SPEC, latest_features
 from tables.state import card_state
 
-__all__ = ["BatcherView", "CardFeaturesView", "MetricsView", "ModelView"]
+__all__ = ["BatcherView", "CardFeaturesView", "MetricsView", "ModelView", "ReadyView"]
 
 
 @app.page("/model/")
@@ -34,6 +34,17 @@ class ModelView(View):
             "waiting": boundary.waiting,
             "stats": boundary.stats.as_dict(),
         })
+
+
+@app.page("/ready/")
+class ReadyView(View):
+    """200 once this worker has partitions, has restored their state and has its model loaded."""
+
+    async def get(self, request: Request) -> Response:
+        assignment = app.consumer.assignment() if scoring.pipeline is not None else set()
+        inputs = sorted(tp.partition for tp in assignment if tp.topic == settings.input_topic)
+        ready = bool(inputs) and not app.rebalancing and not app.tables.recovery.in_recovery  # type: ignore[attr-defined]
+        return self.json({"ready": ready, "input_partitions": inputs}, status=200 if ready else 503)
 
 
 @app.page("/batcher/")

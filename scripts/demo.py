@@ -118,7 +118,8 @@ async def wait_ready(url: str, worker: subprocess.Popen[bytes], log: Path, timeo
 
 async def run(args: argparse.Namespace, settings: Settings, web: str, worker: subprocess.Popen[bytes],
               log: Path) -> int:
-    model = await wait_ready(f"{web}/model/", worker, log)
+    await wait_ready(f"{web}/ready/", worker, log)  # partitions assigned, state restored
+    model = await get_json(f"{web}/model/") or {}
     console.print(f"worker ready: model {model['model']} on {model['provider']}, web {web}/model/")
     tally, ready, stop = Tally(), asyncio.Event(), asyncio.Event()
     consumer = asyncio.create_task(consume(settings, tally, ready, stop))
@@ -136,6 +137,9 @@ async def run(args: argparse.Namespace, settings: Settings, web: str, worker: su
             generator=generator, partitions=settings.topic_partitions,
             on_progress=lambda done, _total: progress.__setitem__("sent", done)))
         while not producing.done():
+            if worker.poll() is not None:
+                producing.cancel()
+                raise SystemExit(f"demo: the worker exited with {worker.returncode}; see {log}")
             live.update(tally.line(progress["sent"], total))
             await asyncio.sleep(0.25)
         report = producing.result()
@@ -225,11 +229,17 @@ def main() -> int:
     started_broker = broker.pid() is None or not kafka_local.metadata_ok(port)
     if started_broker:
         broker.up()
-    data_dir = ROOT / ".data" / "demo"
+    # Every run gets its own topics, consumer group and state: the synthetic clock runs hours ahead
+    # of the wall clock, so a second run on the same topics would start behind the first run's
+    # watermarks and all be late.
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    data_dir = ROOT / ".data" / "demo" / run_id
     data_dir.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_") or k == "SEAM_DEVICE"}
-    env.update({"SEAM_BROKER_URL": f"kafka://{broker.bootstrap}", "SEAM_APP_ID": "seam-demo",
-                "SEAM_DATA_DIR": str(data_dir)})
+    env = dict(os.environ)  # the user's SEAM_* settings apply, except the ones the demo owns below
+    env.update({"SEAM_BROKER_URL": f"kafka://{broker.bootstrap}", "SEAM_APP_ID": f"seam-demo-{run_id}",
+                "SEAM_DATA_DIR": str(data_dir), "SEAM_INPUT_TOPIC": f"demo-{run_id}-transactions",
+                "SEAM_PREDICTIONS_TOPIC": f"demo-{run_id}-predictions", "SEAM_DLQ_TOPIC": f"demo-{run_id}-dlq",
+                "SEAM_LATE_TOPIC": f"demo-{run_id}-late"})
     settings = Settings.from_env({k: v for k, v in env.items() if k.startswith("SEAM_")})
     web = f"http://{settings.web_host}:{settings.web_port}"
     log = data_dir / "worker.log"

@@ -35,7 +35,7 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_SPEC", "Applied", "CardState", "FeatureSpec", "Watermark", "apply_event", "event_ids",
-    "latest_features", "new_state", "replayable",
+    "latest_features", "new_state", "replayable", "upgrade_state",
 ]
 
 CardState = dict[str, Any]
@@ -83,6 +83,19 @@ def new_state() -> CardState:
 
 
 _COLUMNS = ("ts", "amt", "mer", "id", "seq")
+
+
+def upgrade_state(state: CardState) -> CardState:
+    """Bring a stored state written by an earlier seam (rows under ``"ev"``) to the current layout."""
+    if "ev" not in state:
+        return state
+    rows = sorted(state["ev"], key=lambda row: (row[1], row[0]))  # [seq, ts, amount, merchant, id]
+    upgraded = new_state()
+    upgraded["n"], upgraded["prev"] = state["n"], state["prev"]
+    for seq, ts, amount, merchant, event_id in rows:
+        for column, value in zip(_COLUMNS, (ts, amount, merchant, event_id, seq), strict=True):
+            upgraded[column].append(value)
+    return upgraded
 
 
 def event_ids(state: CardState) -> list[str]:

@@ -10,7 +10,7 @@ Faust event, or ``agents.ingest.table_partition``).
 from __future__ import annotations
 
 from app.main import app, settings
-from tables.features import CardState
+from tables.features import CardState, upgrade_state
 
 __all__ = ["card_state", "load_state", "load_watermark", "store_state", "store_watermark", "watermarks"]
 
@@ -33,9 +33,9 @@ WATERMARK_KEY = b"max_ts"
 
 
 def load_state(card_id: str) -> CardState | None:
-    """Read one card's state."""
+    """Read one card's state (upgraded if an earlier seam wrote it)."""
     state: CardState | None = card_state.get(card_id.encode())
-    return state
+    return None if state is None else upgrade_state(state)
 
 
 def store_state(card_id: str, state: CardState) -> None:

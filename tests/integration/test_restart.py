@@ -66,4 +66,8 @@ def test_wiped_worker_restores_state_and_watermarks_from_the_changelog(kafka_boo
     for p in predictions:
         assert p["features"] == pytest.approx(reference[p["id"]], rel=1e-9), p["id"]
     assert "rs-sneaky" in late_ids, "the restored watermark must keep rejecting late events"
-    assert late_ids == {e["id"] for e, o in zip(first + second, expected, strict=True) if isinstance(o, Late)}
+    want_late = {e["id"] for e, o in zip(first + second, expected, strict=True) if isinstance(o, Late)}
+    assert late_ids >= want_late
+    # Records redelivered after a rebalance (at least once) whose event time is by then beyond the
+    # replay horizon go to the late topic too; that is only allowed for events already scored.
+    assert late_ids - want_late <= {p["id"] for p in predictions}

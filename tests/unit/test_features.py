@@ -20,6 +20,7 @@ from tables.features import (
     Watermark,
     apply_event,
     new_state,
+    upgrade_state,
 )
 
 
@@ -673,3 +674,21 @@ def test_redeliveries_are_scored_like_the_first_time(
             assert applied.duplicate is False
             first[event_id] = applied.features
     assert state["n"] == len(events)
+
+
+def test_state_written_by_an_earlier_layout_is_upgraded_and_keeps_its_results() -> None:
+    """A stored state with rows under "ev" ([seq, ts, amount, merchant, id]) becomes the sorted layout."""
+    old = {"n": 3, "prev": T - 10 * S, "ev": [[1, T, 5.0, "m1", "a"], [2, T + 30 * S, 7.0, "m2", "b"],
+                                              [3, T + 10 * S, 1.0, "m1", "c"]]}
+    state = upgrade_state(json.loads(json.dumps(old)))
+    assert state["ts"] == [T, T + 10 * S, T + 30 * S] and state["seq"] == [1, 3, 2]
+    assert upgrade_state(state) is state  # current layout passes through
+    fresh = new_state()
+    fresh["prev"] = T - 10 * S
+    for event_id, ts, amount, merchant in (("a", T, 5.0, "m1"), ("b", T + 30 * S, 7.0, "m2"),
+                                           ("c", T + 10 * S, 1.0, "m1")):
+        apply_event(fresh, event_id, ts, amount, merchant, allowed_lateness_ms=LATENESS_MS)
+    assert state == fresh
+    after_old = apply_event(state, "d", T + 40 * S, 2.0, "m3", allowed_lateness_ms=LATENESS_MS)
+    after_fresh = apply_event(fresh, "d", T + 40 * S, 2.0, "m3", allowed_lateness_ms=LATENESS_MS)
+    assert after_old == after_fresh

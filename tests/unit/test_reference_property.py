@@ -14,6 +14,7 @@ from itertools import islice
 from typing import Any, cast
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -429,16 +430,37 @@ def test_restart_does_not_readmit_a_late_event() -> None:
     check(events, outcomes)
 
 
-def test_redelivery_after_an_eviction_inside_its_window_gets_its_first_features() -> None:
-    """A re-sent event still in state, after another event of its 1 h window was evicted (minimal case)."""
+def test_redelivery_behind_the_watermark_keeps_its_whole_window() -> None:
+    """A re-send behind the watermark, after the card moved 11 min on, gets its first features (a stays in state)."""
     minute = 60 * S
     events = [Event("a", "c", 0, T + 10 * minute, 1.0, "m"),  # in e's 3600 s window
               Event("e", "c", 0, T + 60 * minute, 2.0, "m"),
-              Event("f", "c", 0, T + 71 * minute, 3.0, "m"),  # cutoff T+10min: evicts a, keeps e
-              Event("e", "c", 0, T + 60 * minute, 2.0, "m")]  # re-sent: e is behind the watermark but in state
+              Event("f", "c", 0, T + 71 * minute, 3.0, "m"),  # a cutoff of max - lateness - 1 h would evict a
+              Event("e", "c", 0, T + 60 * minute, 2.0, "m")]  # re-sent: below the watermark but replayable
     worker = Worker(Tables())
     outcomes = [worker.handle(ev) for ev in events]
     assert isinstance(outcomes[1], Scored) and isinstance(outcomes[3], Scored)
     assert outcomes[1].features["count_3600"] == 2.0
     assert outcomes[3].features == outcomes[1].features
+    check(events, outcomes)
+
+
+@pytest.mark.parametrize("beyond_ms", [0, 1])
+def test_redelivery_at_the_replay_horizon(beyond_ms: int) -> None:
+    """A re-send exactly at the horizon (card max - lateness - 1 h) replays its first features; 1 ms older is late."""
+    e_ts = T + 30 * 60 * S
+    f_ts = e_ts + LATENESS_MS + DEFAULT_SPEC.max_window_ms + beyond_ms
+    events = [Event("a", "c", 0, T, 1.0, "m"),  # in e's window, and must survive until e's replay
+              Event("e", "c", 0, e_ts, 2.0, "m"),
+              Event("f", "c", 0, f_ts, 3.0, "m"),
+              Event("e", "c", 0, e_ts, 2.0, "m")]
+    worker = Worker(Tables())
+    outcomes = [worker.handle(ev) for ev in events[:3]]
+    worker.restart()
+    outcomes.append(worker.handle(events[3]))
+    if beyond_ms:
+        assert outcomes[3] == Late(f_ts - LATENESS_MS)
+    else:
+        assert isinstance(outcomes[1], Scored) and outcomes[1].features["count_3600"] == 2.0
+        assert outcomes[3] == outcomes[1]
     check(events, outcomes)
