@@ -172,7 +172,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         super().__init__(*args, **kwargs)
         self.epoch = 0
         self.stale_acks = 0
-        self._background_commit: asyncio.Future[bool] | None = None
+        self._background_commit: asyncio.Future[None] | None = None
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         if revoked and _revoke_hooks:
