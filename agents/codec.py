@@ -117,6 +117,9 @@ def _text_or_base64(raw: bytes | None) -> tuple[str | None, bool]:
         return base64.b64encode(raw).decode("ascii"), True
 
 
+DEAD_LETTER_VALUE_BYTES = 16 * 1024
+
+
 def dead_letter(
     invalid: Invalid,
     *,
@@ -126,10 +129,18 @@ def dead_letter(
     key: bytes | None,
     value: bytes | None,
     routed_at_ms: int,
+    max_value_bytes: int = DEAD_LETTER_VALUE_BYTES,
 ) -> bytes:
-    """Encode a dead-letter record: the reason, the source position and the original bytes."""
+    """Encode a dead-letter record: the reason, the source position and the original bytes.
+
+    A value larger than ``max_value_bytes`` is cut to that size (``value_truncated``, with the full
+    ``value_size``): a dead letter must itself fit in a Kafka record, and the whole original stays
+    readable at its source topic, partition and offset.
+    """
     key_text, key_b64 = _text_or_base64(key)
-    value_text, value_b64 = _text_or_base64(value)
+    size = None if value is None else len(value)
+    truncated = size is not None and size > max_value_bytes
+    value_text, value_b64 = _text_or_base64(value[:max_value_bytes] if truncated and value else value)
     return orjson.dumps({
         "reason": invalid.reason,
         "message": invalid.message,
@@ -140,6 +151,8 @@ def dead_letter(
         "key_base64": key_b64,
         "value": value_text,
         "value_base64": value_b64,
+        "value_size": size,
+        "value_truncated": truncated,
         "routed_at": routed_at_ms,
     })
 

@@ -28,6 +28,9 @@ app = faust.App(
     topic_partitions=settings.topic_partitions,
     topic_replication_factor=settings.topic_replication_factor,
     broker_max_poll_records=settings.max_poll_records,
+    broker_commit_interval=settings.commit_interval_s,
+    broker_session_timeout=settings.session_timeout_s,
+    broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
     producer_acks=-1,
     # A few milliseconds of linger turn thousands of per-record produce requests into a few batches.
     producer_linger=0.005,

@@ -41,6 +41,11 @@ class Settings:
     topic_partitions: int = 8
     topic_replication_factor: int = 1
     max_poll_records: int = 2000
+    # Offsets (and the state cache's changelog writes) are committed this often: after a crash, at
+    # most about this much input is processed again.
+    commit_interval_s: float = 1.0
+    # How long the group waits for a silent worker (killed, partitioned) before moving its partitions.
+    session_timeout_s: float = 10.0
     # batch: per-partition lists beneath Faust's per-event path; stream: a plain Faust agent.
     ingest: str = "batch"
     # Worker.
@@ -84,6 +89,10 @@ class Settings:
             raise SettingsError(f"SEAM_DEVICE must be auto, cpu or cuda, got {self.device!r}")
         if not 0.0 <= self.fraud_threshold <= 1.0:
             raise SettingsError(f"SEAM_FRAUD_THRESHOLD must be in [0, 1], got {self.fraud_threshold}")
+        if self.commit_interval_s <= 0:
+            raise SettingsError(f"SEAM_COMMIT_INTERVAL_S must be > 0, got {self.commit_interval_s}")
+        if self.session_timeout_s < 1:
+            raise SettingsError(f"SEAM_SESSION_TIMEOUT_S must be >= 1, got {self.session_timeout_s}")
         if self.topic_partitions < 1:
             raise SettingsError(f"SEAM_TOPIC_PARTITIONS must be >= 1, got {self.topic_partitions}")
         if self.allowed_lateness_s < 0:

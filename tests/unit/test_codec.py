@@ -309,8 +309,21 @@ def test_dead_letter_fields() -> None:
         "key_base64": False,
         "value": '{"id": ',
         "value_base64": False,
+        "value_size": 7,
+        "value_truncated": False,
         "routed_at": 1_764_500_000_999,
     }
+
+
+def test_dead_letter_of_a_huge_value_is_truncated_and_says_so() -> None:
+    """A 1 MB value keeps a 16 KiB preview, its full size and a flag; the letter stays small."""
+    value = b'{"padding": "' + b"x" * 1_000_000 + b'"}'
+    letter = dead_letter(Invalid("too_large", "too big"), topic="t", partition=0, offset=9, key=None,
+                         value=value, routed_at_ms=1)
+    out = orjson.loads(letter)
+    assert len(letter) < 20_000
+    assert out["value_truncated"] is True and out["value_size"] == len(value)
+    assert out["value"] == value[:16 * 1024].decode()
 
 
 def test_dead_letter_base64_for_non_utf8() -> None:

@@ -1,0 +1,77 @@
+"""At least once through SIGKILL: kill the worker three times mid-stream; no transaction is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import free_port
+from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw
+from tests.integration.test_pipeline import stream_with_late_and_duplicates, with_partitions
+from tests.reference import Scored, replay
+
+pytestmark = pytest.mark.integration
+
+TOTAL = 20_000
+
+
+def test_three_sigkills_lose_nothing_and_keep_features_exact(kafka_bootstrap: str, tmp_path: Path) -> None:
+    rng = random.Random(29)
+    topics = Topics.unique(uuid.uuid4().hex[:10])
+    prepare_topics(kafka_bootstrap, topics)
+    events = with_partitions(stream_with_late_and_duplicates(TOTAL, seed=29, prefix="kl"), 4)
+    expected = replay(events, allowed_lateness_ms=60_000)
+    first_features: dict[str, dict[str, float]] = {}
+    for event, outcome in zip(events, expected, strict=True):
+        if isinstance(outcome, Scored):
+            first_features.setdefault(event["id"], outcome.features)
+    env = topics.env() | {"SEAM_SESSION_TIMEOUT_S": "6"}
+
+    def produce_slowly() -> None:  # ~10 s of input, so the kills land mid-stream
+        for start in range(0, len(events), 1_000):
+            asyncio.run(produce_raw(kafka_bootstrap, topics.input, [encode(e) for e in events[start:start + 1_000]]))
+            time.sleep(0.45)
+
+    producer = threading.Thread(target=produce_slowly)
+    producer.start()
+    kills = 0
+    worker = Worker(kafka_bootstrap, env, tmp_path / "w0", free_port())
+    try:
+        for round_ in range(1, 4):
+            worker.wait_ready()
+            time.sleep(rng.uniform(1.0, 4.0))
+            worker.proc.send_signal(signal.SIGKILL)
+            worker.proc.wait()
+            worker.stop()
+            kills += 1
+            # A replacement with the same local state folder, as a restarted container would have.
+            worker = Worker(kafka_bootstrap, env, tmp_path / "w0", free_port())
+        producer.join()
+        all_ids = {e["id"] for e in events}
+        out = asyncio.run(collect(
+            kafka_bootstrap, [topics.predictions, topics.late, topics.dlq],
+            done=lambda o: {p["id"] for p in o[topics.predictions]} | {r["event"]["id"] for r in o[topics.late]}
+            >= all_ids, timeout_s=240))
+    finally:
+        producer.join()
+        code = worker.stop()
+    predictions: list[dict[str, Any]] = out[topics.predictions]
+    scored = Counter(p["id"] for p in predictions)
+    late = {r["event"]["id"] for r in out[topics.late]}
+    assert kills == 3
+    assert set(scored) | late == {e["id"] for e in events}, "a transaction was lost"
+    assert set(scored) == set(first_features), "scored exactly the events the reference scores"
+    for p in predictions:
+        assert p["features"] == pytest.approx(first_features[p["id"]], rel=1e-9), p["id"]
+    duplicates = sum(scored.values()) - len(scored)
+    print(f"\nkill test: {len(events)} inputs, {duplicates} duplicate predictions after 3 SIGKILLs")
+    assert code == 0, worker.log_tail()
