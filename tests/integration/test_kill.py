@@ -46,7 +46,7 @@ def test_three_sigkills_lose_nothing_and_keep_features_exact(kafka_bootstrap: st
     kills = 0
     worker = Worker(kafka_bootstrap, env, tmp_path / "w0", free_port())
     try:
-        for round_ in range(1, 4):
+        for _ in range(3):
             worker.wait_ready()
             time.sleep(rng.uniform(1.0, 4.0))
             worker.proc.send_signal(signal.SIGKILL)
