@@ -54,6 +54,7 @@ class Process:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._terminated = False
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
 
@@ -65,10 +66,16 @@ class Process:
         """Wait for the process to exit by itself; return its exit code."""
         return self.proc.wait(timeout_s)
 
+    def terminate(self) -> None:
+        """Ask the worker to stop (once: a second SIGTERM makes a Faust worker exit hard)."""
+        if self.proc.poll() is None and not self._terminated:
+            self._terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM, wait, then SIGKILL; return the exit code."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
