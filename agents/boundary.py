@@ -115,7 +115,6 @@ class ModelBoundary(Generic[T]):
         self._observer = observer
         self.batcher: Batcher[tuple[Sequence[float], T]] = Batcher(
             max_batch_size, max_wait_ms / 1000, sla_s=None if sla_ms is None else sla_ms / 1000, adaptive=adaptive)
-        self._batcher = self.batcher
         self._capacity = max_batch_size * (max_inflight_batches + 1)
         self._inflight = asyncio.Semaphore(max_inflight_batches)
         self._wakeup = asyncio.Event()
@@ -131,16 +130,16 @@ class ModelBoundary(Generic[T]):
     @property
     def waiting(self) -> int:
         """Items queued and not yet dispatched."""
-        return len(self._batcher)
+        return len(self.batcher)
 
     async def submit(self, features: Sequence[float], item: T) -> None:
         """Queue one feature vector; waits while the boundary is full."""
-        while len(self._batcher) >= self._capacity:
+        while len(self.batcher) >= self._capacity:
             self._raise_failure()
             self._space.clear()
             await self._space.wait()
         self._raise_failure()
-        batcher = self._batcher
+        batcher = self.batcher
         batcher.add((features, item), self._clock())
         size = len(batcher)
         if size == 1 or size >= batcher.target_size():
@@ -161,7 +160,7 @@ class ModelBoundary(Generic[T]):
         loop = asyncio.get_running_loop()
         while True:
             self._raise_failure()
-            due = self._batcher.due_at(idle=self._running == 0)
+            due = self.batcher.due_at(idle=self._running == 0)
             if due is not None and self._flushing:
                 due = min(due, self._clock())
             if due is None or self._clock() < due:
@@ -173,7 +172,7 @@ class ModelBoundary(Generic[T]):
                 self._sleep_until = float("inf")
                 continue
             await self._inflight.acquire()
-            batch = self._batcher.take(self._clock())
+            batch = self.batcher.take(self._clock())
             self._space.set()
             self._running += 1
             dispatched = self._clock()
@@ -189,7 +188,7 @@ class ModelBoundary(Generic[T]):
         """Release everything waiting now, regardless of the bounds, and wait until it is delivered."""
         self._flushing += 1
         try:
-            while len(self._batcher):
+            while len(self.batcher):
                 self._wakeup.set()
                 await asyncio.sleep(0.001)
             await self.drain()
@@ -263,7 +262,7 @@ class ModelBoundary(Generic[T]):
         infer_s: float,
     ) -> None:
         if not row_errors:
-            self._batcher.observe_inference(len(batch), infer_s)
+            self.batcher.observe_inference(len(batch), infer_s)
         if previous is not None:
             await asyncio.wait([previous])  # deliver in dispatch order
         done = self._clock()
@@ -283,7 +282,7 @@ class ModelBoundary(Generic[T]):
         if self._observer is not None:
             try:
                 self._observer.on_batch(len(batch), queue_s, infer_s, len(row_errors), misses,
-                                        self._batcher.target_size())
+                                        self.batcher.target_size())
             except Exception:  # metrics must never cost a batch
                 logger.exception("batch observer failed")
         try:

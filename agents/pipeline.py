@@ -105,8 +105,7 @@ class Pipeline:
                     tx, raw=record.value, watermark=watermark.value, topic=record.topic,
                     partition=record.partition, offset=record.offset, routed_at_ms=_now_ms()))
                 continue
-            if watermark.max_ts is None or tx.ts > watermark.max_ts:
-                watermark.observe(tx.ts)
+            if watermark.observe(tx.ts):
                 cache.touch_watermark(partition)
             applied = apply_event(state, tx.id, tx.ts, tx.amount, tx.merchant_id, allowed_lateness_ms=lateness_ms)
             if not applied.duplicate:

@@ -122,7 +122,7 @@ app.service(scoring)  # type: ignore[arg-type]
 
 
 @app.on_partitions_revoked.connect  # type: ignore[arg-type]
-async def _forget_watermarks(sender: Any, revoked: Any, **kwargs: Any) -> None:
+async def _forget_cached_state(sender: Any, revoked: Any, **kwargs: Any) -> None:
     if scoring.pipeline is not None:
         scoring.pipeline.forget_partitions()
 
