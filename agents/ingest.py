@@ -59,6 +59,7 @@ __all__ = [
     "BatchTransport",
     "RawRecord",
     "RecordBatch",
+    "SkipCommit",
     "batch_agent",
     "before_commit",
     "before_revoke",
@@ -110,7 +111,13 @@ _revoke_hooks: list[RevokeHook] = []
 REVOKE_FLUSH_TIMEOUT_S = 10.0
 
 
-_commit_hooks: list[Callable[[], object]] = []
+CommitHook = Callable[[], Awaitable[None]]
+
+
+class SkipCommit(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a commit hook when committing now would be unsafe; the commit is skipped."""
+
+_commit_hooks: list[CommitHook] = []
 
 
 def before_revoke(hook: RevokeHook) -> RevokeHook:
@@ -119,8 +126,8 @@ def before_revoke(hook: RevokeHook) -> RevokeHook:
     return hook
 
 
-def before_commit(hook: Callable[[], object]) -> Callable[[], object]:
-    """Register ``hook`` to run right before every offset commit (e.g. flush cached table writes)."""
+def before_commit(hook: CommitHook) -> CommitHook:
+    """Register ``hook`` to run (and be awaited) right before every offset commit."""
     _commit_hooks.append(hook)
     return hook
 
@@ -189,8 +196,12 @@ class BatchConsumer(faust_aiokafka.Consumer):
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
         # Runs before Faust computes the committable offsets and flushes the producer, so table
         # writes released here reach the changelog before the offsets that depend on them.
-        for hook in _commit_hooks:
-            hook()
+        try:
+            for hook in _commit_hooks:
+                await hook()
+        except SkipCommit as reason:
+            logger.info("commit skipped: %s", reason)
+            return False
         return await super().commit(topics, start_new_transaction=start_new_transaction)
 
     def ack_offsets(self, tp: TP, offsets: Iterable[int], epoch: int) -> int:

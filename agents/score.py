@@ -136,13 +136,22 @@ if settings.ingest == "batch":
             await scoring.boundary.flush()
 
     @ingest.before_commit
-    def _flush_state() -> None:
-        if scoring.pipeline is not None:
-            started = time.perf_counter()
-            writes = scoring.pipeline.cache.flush()
-            elapsed_ms = (time.perf_counter() - started) * 1000
-            log = logger.warning if elapsed_ms > 250 else logger.debug
-            log("state flush: %d table writes in %.1f ms", writes, elapsed_ms)
+    async def _flush_state() -> None:
+        if scoring.pipeline is None:
+            return
+        started = time.perf_counter()
+        writes = scoring.pipeline.cache.flush()
+        # Table writes queue their changelog records in Faust's producer buffer. Faust's own flush
+        # gives up after 0.1 s without progress and commits anyway; a crash then leaves committed
+        # offsets whose state never reached the changelog. Drain it completely first.
+        buffer = app.producer.buffer
+        while buffer.size:
+            if buffer.state != "running":  # stopping: the records cannot go out, so neither may offsets
+                raise ingest.SkipCommit(f"{buffer.size} changelog records could not be sent")
+            await buffer.flush()
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        log = logger.warning if elapsed_ms > 250 else logger.debug
+        log("state flush: %d table writes in %.1f ms", writes, elapsed_ms)
 
     @ingest.batch_agent(app, transactions_topic)
     async def score_batches(batch: ingest.RecordBatch) -> None:
