@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 import uuid
@@ -79,6 +80,8 @@ def test_handler_exception_is_reported_and_its_batch_not_acknowledged(kafka_boot
                                 data_dir=tmp_path / "w1", extra_env={"PT_FAIL_OFFSET": "3000"})
     try:
         code = worker.wait_exit(timeout_s=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the worker did not stop on the handler error within 90 s:\n{worker.log_tail(80)}")
     finally:
         worker.stop()
     log = worker.log_path.read_text(errors="replace")
