@@ -25,6 +25,10 @@ batch handler:
   table writes there, so the changelog records precede the offsets that depend on them).
 * A handler that raises stops the worker without acknowledging the batch (it is redelivered after
   the restart); the error is logged with its partition and offsets.
+* Transactions (:func:`install` with ``commit_offsets``): offsets are committed by that function
+  (seam's exactly-once mode writes them into Kafka transactions, see :mod:`agents.transactions`)
+  instead of the consumer, every commit holds intake (no handler runs while hooks and the commit
+  do), and the consumer reads ``read_committed``.
 
 Private faust-streaming names this module relies on (tested with faust-streaming 0.15.3, pinned in
 pyproject.toml; ``tests/unit/test_ingest_internals.py`` fails loudly if any of them changes shape):
@@ -32,7 +36,12 @@ pyproject.toml; ``tests/unit/test_ingest_internals.py`` fails loudly if any of t
 * ``faust.transport.drivers.aiokafka.Consumer`` (subclassed) and its ``Transport.Consumer`` slot;
 * ``Consumer._drain_messages`` (replaced), ``_wait_next_records``, ``_read_offset``, ``_add_gap``,
   ``_acked``, ``_acked_index``, ``_committed_offset``, ``_n_acked``, ``_commit_every``,
-  ``_buffered_partitions``, ``_to_message``, ``perform_seek``, ``flow_active``, ``suspend_flow``;
+  ``_buffered_partitions``, ``_to_message``, ``perform_seek``, ``flow_active``, ``suspend_flow``,
+  ``_commit`` (replaced when offsets go into transactions), ``_new_consumer_thread``;
+* ``faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's
+  ``AIOKafkaConsumer._isolation_level`` (read before ``start()``), for ``read_committed``;
+* ``Store._encode_key``, ``_encode_value``, ``_set`` and ``set_persisted_offset`` (in
+  :mod:`agents.transactions`: state written only once its transaction commits);
 * ``faust.transport.consumer.ack_lock``;
 * ``faust.streams._current_event`` (the ContextVar behind ``faust.current_event()``), set by
   :func:`table_partition` so table reads and writes from a handler land in the right partition.
@@ -43,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -63,6 +72,7 @@ __all__ = [
     "batch_agent",
     "before_commit",
     "before_revoke",
+    "current_partition",
     "install",
     "table_partition",
 ]
@@ -87,12 +97,13 @@ Acker = Callable[[Sequence[int]], object]
 class RecordBatch:
     """The records one fetch returned for one partition, and the way to acknowledge them."""
 
-    __slots__ = ("topic", "partition", "records", "_acker")
+    __slots__ = ("topic", "partition", "records", "epoch", "_acker")
 
-    def __init__(self, topic: str, partition: int, records: Sequence[RawRecord], acker: Acker) -> None:
+    def __init__(self, topic: str, partition: int, records: Sequence[RawRecord], acker: Acker, epoch: int = 0) -> None:
         self.topic = topic
         self.partition = partition
         self.records = records
+        self.epoch = epoch  # the consumer's assignment epoch when the records were fetched
         self._acker = acker
 
     def ack(self, offsets: Sequence[int]) -> None:
@@ -112,6 +123,7 @@ REVOKE_FLUSH_TIMEOUT_S = 10.0
 
 
 CommitHook = Callable[[], Awaitable[None]]
+OffsetCommitter = Callable[[Mapping[TP, int]], Awaitable[bool]]
 
 
 class SkipCommit(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -161,6 +173,15 @@ class _SourceMessage:
     partition: int
 
 
+def current_partition() -> int:
+    """The source partition current table reads and writes use (inside :func:`table_partition`)."""
+    ref = _current_event.get(None)
+    event = ref() if ref is not None else None
+    if event is None:
+        raise RuntimeError("no current source partition (use table_partition)")
+    return int(event.message.partition)
+
+
 @contextmanager
 def table_partition(topic: str, partition: int) -> Iterator[None]:
     """Make table reads and writes inside the block use ``partition`` of ``topic``'s tables."""
@@ -172,14 +193,32 @@ def table_partition(topic: str, partition: int) -> Iterator[None]:
         _current_event.reset(token)
 
 
+class _ReadCommittedThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread, reading only committed transactions (and skipping aborted ones)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._isolation_level = "read_committed"  # read by start(), which has not run yet
+        return consumer
+
+
 class BatchConsumer(faust_aiokafka.Consumer):
     """Faust's aiokafka consumer whose drain loop hands batch-handled topics over as lists."""
+
+    #: Set by :func:`install`: commits go through this function, holding intake, reading read_committed.
+    offset_committer: OffsetCommitter | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.epoch = 0
         self.stale_acks = 0
         self._background_commit: asyncio.Future[None] | None = None
+        self._intake = asyncio.Lock()
+
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        if self.offset_committer is None:
+            return super()._new_consumer_thread()
+        return _ReadCommittedThread(self, loop=self.loop, beacon=self.beacon)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         if revoked and _revoke_hooks:
@@ -194,6 +233,12 @@ class BatchConsumer(faust_aiokafka.Consumer):
         await super().on_partitions_revoked(revoked)
 
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
+        if self.offset_committer is None:
+            return await self._commit_after_hooks(topics, start_new_transaction)
+        async with self._intake:  # a cut: no batch is handled until the transactions commit
+            return await self._commit_after_hooks(topics, start_new_transaction)
+
+    async def _commit_after_hooks(self, topics: Any, start_new_transaction: bool) -> bool:
         # Runs before Faust computes the committable offsets and flushes the producer, so table
         # writes released here reach the changelog before the offsets that depend on them.
         try:
@@ -203,6 +248,19 @@ class BatchConsumer(faust_aiokafka.Consumer):
             logger.info("commit skipped: %s", reason)
             return False
         return await super().commit(topics, start_new_transaction=start_new_transaction)
+
+    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        committer = self.offset_committer
+        if committer is None:
+            return bool(await super()._commit(offsets))
+        assigned = self.assignment()
+        try:
+            return await committer({tp: offset for tp, offset in offsets.items() if tp in assigned})
+        except Exception as exc:
+            logger.exception("transactional commit failed; stopping (open transactions are aborted by the "
+                             "partitions' next owner, and their records processed again)")
+            await self.crash(exc)
+            return False
 
     def ack_offsets(self, tp: TP, offsets: Iterable[int], epoch: int) -> int:
         """Mark ``offsets`` of ``tp`` acknowledged unless the assignment changed; return how many."""
@@ -272,9 +330,14 @@ class BatchConsumer(faust_aiokafka.Consumer):
             previous = record.offset
         self._read_offset[tp] = previous
         epoch = self.epoch
-        batch = RecordBatch(tp.topic, tp.partition, fresh, lambda offsets: self.ack_offsets(tp, offsets, epoch))
+        batch = RecordBatch(tp.topic, tp.partition, fresh, lambda offsets: self.ack_offsets(tp, offsets, epoch),
+                            epoch)
         try:
-            await handler(batch)
+            if self.offset_committer is None:
+                await handler(batch)
+            else:
+                async with self._intake:
+                    await handler(batch)
         except Exception as exc:
             logger.exception("batch handler failed on %r; the batch is not acknowledged", batch)
             await self.crash(exc)
@@ -298,6 +361,11 @@ class BatchTransport(faust_aiokafka.Transport):
     Consumer = BatchConsumer
 
 
-def install(app: AppT) -> None:
-    """Make ``app`` consume through :class:`BatchConsumer` (call before the worker starts)."""
+def install(app: AppT, *, commit_offsets: OffsetCommitter | None = None) -> None:
+    """Make ``app`` consume through :class:`BatchConsumer` (call before the worker starts).
+
+    With ``commit_offsets``, that function commits the offsets (in transactions), every commit holds
+    intake, and the consumer reads ``read_committed``.
+    """
+    BatchConsumer.offset_committer = commit_offsets
     app.transport = BatchTransport(app.conf.broker_consumer, app)

@@ -16,7 +16,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from agents.boundary import BatchResult, ModelBoundary
-from agents.codec import Invalid, Transaction, dead_letter, decode_transaction, late_record, prediction
+from agents.codec import (
+    MAX_RECORD_BYTES,
+    Invalid,
+    Transaction,
+    dead_letter,
+    decode_transaction,
+    late_record,
+    prediction,
+)
 from agents.ingest import RawRecord, RecordBatch
 from agents.metrics import BoundaryMetrics
 from agents.runtime import ModelInfo
@@ -27,7 +35,8 @@ __all__ = ["Outputs", "Pipeline", "ScoringItem"]
 
 logger = logging.getLogger(__name__)
 
-Send = Callable[[str, bytes | None, bytes], Awaitable[Awaitable[object]]]
+# (source batch, topic, key, value) -> the delivery future; the batch says which partition's output it is.
+Send = Callable[[RecordBatch, str, bytes | None, bytes], Awaitable[Awaitable[object]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +77,9 @@ class Pipeline:
         on_delivery_failure: Callable[[BaseException], None],
         write_through: bool = False,
         metrics: BoundaryMetrics | None = None,
+        max_record_bytes: int = MAX_RECORD_BYTES,
     ) -> None:
+        self._max_record_bytes = max_record_bytes
         self._metrics = metrics
         self._boundary = boundary
         self._outputs = outputs
@@ -89,7 +100,7 @@ class Pipeline:
         watermark = cache.watermark(partition)
         items: list[tuple[tuple[float, ...], ScoringItem]] = []
         for record in batch.records:
-            tx = decode_transaction(record.value)
+            tx = decode_transaction(record.value, self._max_record_bytes)
             if isinstance(tx, Invalid):
                 await self._route(batch, record, "dead_letter", self._outputs.dlq_topic, dead_letter(
                     tx, topic=record.topic, partition=record.partition, offset=record.offset,
@@ -117,7 +128,7 @@ class Pipeline:
             await self._boundary.submit_many(items)
 
     async def _route(self, batch: RecordBatch, record: RawRecord, kind: str, topic: str, value: bytes) -> None:
-        delivery = asyncio.ensure_future(await self._outputs.send(topic, record.key, value))
+        delivery = asyncio.ensure_future(await self._outputs.send(batch, topic, record.key, value))
         offset = record.offset
         delivery.add_done_callback(lambda done: self._ack_if_delivered(done, kind, [(batch, offset)]))
 
@@ -148,12 +159,13 @@ class Pipeline:
                     Invalid("inference_error", f"inference failed: {error}"), topic=record.topic,
                     partition=record.partition, offset=record.offset, key=record.key, value=record.value,
                     routed_at_ms=_now_ms())
-                deliveries.append(await outputs.send(outputs.dlq_topic, record.key, value))
+                deliveries.append(await outputs.send(item.batch, outputs.dlq_topic, record.key, value))
                 continue
             value = prediction(
                 item.tx, score=score, threshold=threshold, model=info.tag, feature_names=info.feature_names,
                 features=item.features, queue_ms=queue_ms, infer_ms=result.infer_ms, batch_size=size)
-            deliveries.append(await outputs.send(outputs.predictions_topic, item.tx.card_id.encode(), value))
+            deliveries.append(await outputs.send(
+                item.batch, outputs.predictions_topic, item.tx.card_id.encode(), value))
         await asyncio.gather(*deliveries)
         if self._metrics is not None:
             failed = len(result.row_errors)

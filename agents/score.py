@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from faust import Stream
 from faust.types import EventT
@@ -23,10 +23,19 @@ from agents.boundary import BatchResult, ModelBoundary
 from agents.metrics import BoundaryMetrics
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from agents.runtime import ModelRuntime
+from agents.transactions import TransactionalOutputs
 from app.main import app, settings
 from tables.cache import StateCache
-from tables.features import DEFAULT_SPEC
-from tables.state import load_state, load_watermark, store_state, store_watermark
+from tables.features import DEFAULT_SPEC, CardState
+from tables.state import (
+    WATERMARK_KEY,
+    card_state,
+    load_state,
+    load_watermark,
+    store_state,
+    store_watermark,
+    watermarks,
+)
 
 __all__ = ["ScoringService", "scoring", "transactions_topic"]
 
@@ -36,8 +45,25 @@ logger = logging.getLogger(__name__)
 transactions_topic = app.topic(settings.input_topic, partitions=settings.topic_partitions, internal=True)
 
 
-async def _send(topic: str, key: bytes | None, value: bytes) -> Any:
+async def _send(batch: ingest.RecordBatch, topic: str, key: bytes | None, value: bytes) -> Any:
     return await app.producer.send(topic, key, value, partition=None, timestamp=None, headers=None)
+
+
+# Exactly-once: outputs, state and offsets go into one transaction per input partition per commit.
+transactions = (
+    TransactionalOutputs(bootstrap=settings.broker_bootstrap, group_id=app.conf.id, input_topic=settings.input_topic,
+                         current_epoch=lambda: cast(ingest.BatchConsumer, app.consumer).epoch)
+    if settings.processing_guarantee == "exactly_once" else None)
+
+
+def _stage_state(card_id: str, state: CardState) -> None:
+    assert transactions is not None
+    transactions.stage(ingest.current_partition(), card_state, card_id.encode(), state)
+
+
+def _stage_watermark(max_ts: int) -> None:
+    assert transactions is not None
+    transactions.stage(ingest.current_partition(), watermarks, WATERMARK_KEY, max_ts)
 
 
 class ScoringService(Service):
@@ -67,22 +93,27 @@ class ScoringService(Service):
             max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
             adaptive=settings.adaptive_batching, observer=self.metrics)
         self.metrics.model.labels(runtime.info.tag, runtime.info.provider).set(1)
-        outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, _send)
+        send = _send if transactions is None else transactions.send
+        outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send)
         lateness_ms = int(settings.allowed_lateness_s * 1000)
         cache = StateCache(
-            load_card=load_state, store_card=store_state, load_watermark=load_watermark,
-            store_watermark=store_watermark, allowed_lateness_ms=lateness_ms,
+            load_card=load_state, load_watermark=load_watermark,
+            store_card=store_state if transactions is None else _stage_state,
+            store_watermark=store_watermark if transactions is None else _stage_watermark,
+            allowed_lateness_ms=lateness_ms,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
         self.pipeline = Pipeline(
             boundary, outputs, cache, allowed_lateness_ms=lateness_ms,
             on_delivery_failure=self._on_delivery_failure,
             # The plain Faust path has no commit hook: write each batch's changes through at once.
-            write_through=settings.ingest == "stream", metrics=self.metrics)
+            write_through=settings.ingest == "stream", metrics=self.metrics,
+            max_record_bytes=settings.max_record_bytes)
         self.runtime, self.boundary = runtime, boundary
         self._ready.set()
         logger.info("model boundary ready: %s on %s, ingest=%s max_batch_size=%d max_wait_ms=%s sla_ms=%s "
-                    "adaptive=%s", runtime.info.tag, runtime.info.provider, settings.ingest,
-                    settings.max_batch_size, settings.max_wait_ms, settings.sla_ms, settings.adaptive_batching)
+                    "adaptive=%s guarantee=%s", runtime.info.tag, runtime.info.provider, settings.ingest,
+                    settings.max_batch_size, settings.max_wait_ms, settings.sla_ms, settings.adaptive_batching,
+                    settings.processing_guarantee)
 
     async def on_stop(self) -> None:
         if self.boundary is not None:
@@ -125,10 +156,19 @@ app.service(scoring)  # type: ignore[arg-type]
 async def _forget_cached_state(sender: Any, revoked: Any, **kwargs: Any) -> None:
     if scoring.pipeline is not None:
         scoring.pipeline.forget_partitions()
+    if transactions is not None:
+        await transactions.close()
+
+
+@app.on_partitions_assigned.connect  # type: ignore[arg-type]
+async def _open_transactions(sender: Any, assigned: Any, **kwargs: Any) -> None:
+    if transactions is not None:
+        # Fences a previous owner and aborts what it left open, before the changelogs are read back.
+        await transactions.open({tp.partition for tp in assigned if tp.topic == settings.input_topic})
 
 
 if settings.ingest == "batch":
-    ingest.install(app)
+    ingest.install(app, commit_offsets=None if transactions is None else transactions.commit)
 
     @ingest.before_revoke
     async def _flush_boundary() -> None:
@@ -140,6 +180,8 @@ if settings.ingest == "batch":
         if scoring.pipeline is None:
             return
         started = time.perf_counter()
+        if transactions is not None and scoring.boundary is not None:
+            await scoring.boundary.flush()  # intake is held: after this, every record taken is delivered
         writes = scoring.pipeline.cache.flush()
         # Table writes queue their changelog records in Faust's producer buffer. Faust's own flush
         # gives up after 0.1 s without progress and commits anyway; a crash then leaves committed

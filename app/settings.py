@@ -48,6 +48,9 @@ class Settings:
     session_timeout_s: float = 10.0
     # batch: per-partition lists beneath Faust's per-event path; stream: a plain Faust agent.
     ingest: str = "batch"
+    # at_least_once: after a crash some outputs are produced again (consumers de-duplicate by id);
+    # exactly_once: outputs, state changes and offsets commit in Kafka transactions (read_committed).
+    processing_guarantee: str = "at_least_once"
     # Worker.
     data_dir: Path = field(default=ROOT / ".data")
     web_port: int = 6066
@@ -68,6 +71,8 @@ class Settings:
     fraud_threshold: float = 0.5
     # Event time.
     allowed_lateness_s: float = 60.0
+    # Input records with a larger value go to the dead-letter topic as too_large.
+    max_record_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -83,6 +88,11 @@ class Settings:
                 f"SEAM_MAX_INFLIGHT_BATCHES must be >= 1, got {self.max_inflight_batches}")
         if self.ingest not in {"batch", "stream"}:
             raise SettingsError(f"SEAM_INGEST must be batch or stream, got {self.ingest!r}")
+        if self.processing_guarantee not in {"at_least_once", "exactly_once"}:
+            raise SettingsError("SEAM_PROCESSING_GUARANTEE must be at_least_once or exactly_once, "
+                                f"got {self.processing_guarantee!r}")
+        if self.processing_guarantee == "exactly_once" and self.ingest != "batch":
+            raise SettingsError("SEAM_PROCESSING_GUARANTEE=exactly_once needs SEAM_INGEST=batch")
         if self.sla_ms <= 0:
             raise SettingsError(f"SEAM_SLA_MS must be > 0, got {self.sla_ms}")
         if self.device not in {"auto", "cpu", "cuda"}:
@@ -95,6 +105,8 @@ class Settings:
             raise SettingsError(f"SEAM_SESSION_TIMEOUT_S must be >= 1, got {self.session_timeout_s}")
         if self.topic_partitions < 1:
             raise SettingsError(f"SEAM_TOPIC_PARTITIONS must be >= 1, got {self.topic_partitions}")
+        if self.max_record_bytes < 1:
+            raise SettingsError(f"SEAM_MAX_RECORD_BYTES must be >= 1, got {self.max_record_bytes}")
         if self.allowed_lateness_s < 0:
             raise SettingsError(
                 f"SEAM_ALLOWED_LATENESS_S must be >= 0, got {self.allowed_lateness_s}")

@@ -179,9 +179,11 @@ async def collect(
     done: Callable[[dict[str, list[dict[str, Any]]]], bool],
     timeout_s: float,
     settle_s: float = 2.0,
+    read_committed: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """Read JSON records from the start of ``topics`` until ``done`` holds (then ``settle_s`` more)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                isolation_level="read_committed" if read_committed else "read_uncommitted")
     await consumer.start()
     out: dict[str, list[dict[str, Any]]] = {t: [] for t in topics}
     try:

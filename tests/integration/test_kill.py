@@ -1,4 +1,4 @@
-"""At least once through SIGKILL: kill the worker three times mid-stream; no transaction is lost."""
+"""SIGKILL the worker three times mid-stream: nothing is lost (at least once), nothing doubles (exactly once)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from app.synthetic import TransactionGenerator
 from tests.conftest import free_port
 from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw
 from tests.integration.test_pipeline import stream_with_late_and_duplicates, with_partitions
@@ -24,17 +25,24 @@ pytestmark = pytest.mark.integration
 TOTAL = 20_000
 
 
-def test_three_sigkills_lose_nothing_and_keep_features_exact(kafka_bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_three_sigkills_lose_nothing_and_keep_features_exact(
+        kafka_bootstrap: str, tmp_path: Path, guarantee: str) -> None:
     rng = random.Random(29)
     topics = Topics.unique(uuid.uuid4().hex[:10])
     prepare_topics(kafka_bootstrap, topics)
-    events = with_partitions(stream_with_late_and_duplicates(TOTAL, seed=29, prefix="kl"), 4)
+    exactly_once = guarantee == "exactly_once"
+    if exactly_once:  # every id once in the input, so that any repeated output is a duplicate
+        generator = TransactionGenerator(cards=50, seed=29, late_rate=0.01, id_prefix="ke")
+        events = with_partitions([next(generator)[0] for _ in range(TOTAL)], 4)
+    else:
+        events = with_partitions(stream_with_late_and_duplicates(TOTAL, seed=29, prefix="kl"), 4)
     expected = replay(events, allowed_lateness_ms=60_000)
     first_features: dict[str, dict[str, float]] = {}
     for event, outcome in zip(events, expected, strict=True):
         if isinstance(outcome, Scored):
             first_features.setdefault(event["id"], outcome.features)
-    env = topics.env() | {"SEAM_SESSION_TIMEOUT_S": "6"}
+    env = topics.env() | {"SEAM_SESSION_TIMEOUT_S": "6", "SEAM_PROCESSING_GUARANTEE": guarantee}
 
     def produce_slowly() -> None:  # ~10 s of input, so the kills land mid-stream
         for start in range(0, len(events), 1_000):
@@ -60,7 +68,7 @@ def test_three_sigkills_lose_nothing_and_keep_features_exact(kafka_bootstrap: st
         out = asyncio.run(collect(
             kafka_bootstrap, [topics.predictions, topics.late, topics.dlq],
             done=lambda o: {p["id"] for p in o[topics.predictions]} | {r["event"]["id"] for r in o[topics.late]}
-            >= all_ids, timeout_s=240))
+            >= all_ids, timeout_s=240, read_committed=exactly_once))
     finally:
         producer.join()
         code = worker.stop()
@@ -73,5 +81,11 @@ def test_three_sigkills_lose_nothing_and_keep_features_exact(kafka_bootstrap: st
     for p in predictions:
         assert p["features"] == pytest.approx(first_features[p["id"]], rel=1e-9), p["id"]
     duplicates = sum(scored.values()) - len(scored)
-    print(f"\nkill test: {len(events)} inputs, {duplicates} duplicate predictions after 3 SIGKILLs")
+    late_counts = Counter(r["event"]["id"] for r in out[topics.late])
+    print(f"\nkill test ({guarantee}): {len(events)} inputs, {duplicates} duplicate predictions, "
+          f"{sum(late_counts.values())} late records, {len(out[topics.dlq])} dead letters after 3 SIGKILLs")
+    if exactly_once:
+        assert duplicates == 0 and max(late_counts.values(), default=1) == 1, "an output was committed twice"
+        assert not set(scored) & set(late_counts), "a transaction was both scored and routed late"
+        assert not out[topics.dlq]
     assert code == 0, worker.log_tail()

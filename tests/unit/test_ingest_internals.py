@@ -129,3 +129,27 @@ def test_table_partition_directs_table_writes_without_a_faust_event() -> None:
         table["k"] = 1
     assert sent == [3]
     assert faust.current_event() is None  # restored after the block
+
+
+def test_exactly_once_internals_keep_their_shape() -> None:
+    """What agents/transactions.py and the read_committed consumer thread rely on."""
+    from aiokafka import AIOKafkaConsumer
+    from faust.stores.rocksdb import Store as RocksStore
+
+    assert list(inspect.signature(faust_aiokafka.Consumer._commit).parameters) == ["self", "offsets"]
+    assert inspect.iscoroutinefunction(faust_aiokafka.Consumer._commit)
+    assert list(inspect.signature(faust_aiokafka.Consumer._new_consumer_thread).parameters) == ["self"]
+    creator = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
+    assert list(inspect.signature(creator).parameters) == ["self", "transport"]
+    assert "self._isolation_level = isolation_level" in inspect.getsource(AIOKafkaConsumer.__init__)
+    assert "isolation_level=self._isolation_level" in inspect.getsource(AIOKafkaConsumer.start)
+    for name, params in [("_encode_key", ["self", "key"]), ("_encode_value", ["self", "value"]),
+                         ("_set", ["self", "key", "value"]), ("set_persisted_offset", ["self", "tp", "offset"])]:
+        assert list(inspect.signature(getattr(RocksStore, name)).parameters) == params, name
+
+
+def test_current_partition_reads_the_table_partition_scope() -> None:
+    with ingest.table_partition("tx", 5):
+        assert ingest.current_partition() == 5
+    with pytest.raises(RuntimeError):
+        ingest.current_partition()

@@ -20,6 +20,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from agents.boundary import ModelBoundary
+from agents.ingest import RecordBatch
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from app.synthetic import TransactionGenerator
 from tables.cache import StateCache
@@ -335,7 +336,7 @@ async def run_pipeline(scenario: Scenario, write_through: bool) -> tuple[list[Ou
     sent: list[tuple[str, bytes]] = []
     loop = asyncio.get_running_loop()
 
-    async def send(topic: str, key: bytes | None, value: bytes) -> Awaitable[object]:
+    async def send(batch: RecordBatch, topic: str, key: bytes | None, value: bytes) -> Awaitable[object]:
         sent.append((topic, value))
         delivered: asyncio.Future[object] = loop.create_future()
         delivered.set_result(None)

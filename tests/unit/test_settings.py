@@ -134,6 +134,7 @@ def test_settings_error_is_a_value_error() -> None:
         ("SEAM_FRAUD_THRESHOLD", "nan"),
         ("SEAM_TOPIC_PARTITIONS", "0"),
         ("SEAM_ALLOWED_LATENESS_S", "-1"),
+        ("SEAM_MAX_RECORD_BYTES", "0"),
         ("SEAM_WEB_PORT", "http"),
     ],
 )
@@ -216,3 +217,15 @@ def test_any_non_positive_batch_size_is_rejected(size: int) -> None:
     """Every integer below 1 is rejected with the variable's name."""
     with pytest.raises(SettingsError, match="SEAM_MAX_BATCH_SIZE"):
         Settings.from_env({"SEAM_MAX_BATCH_SIZE": str(size)})
+
+
+def test_processing_guarantee_defaults_to_at_least_once_and_accepts_exactly_once() -> None:
+    assert Settings.from_env({}).processing_guarantee == "at_least_once"
+    assert Settings.from_env({"SEAM_PROCESSING_GUARANTEE": "exactly_once"}).processing_guarantee == "exactly_once"
+    with pytest.raises(SettingsError, match="SEAM_PROCESSING_GUARANTEE"):
+        Settings.from_env({"SEAM_PROCESSING_GUARANTEE": "at_most_once"})
+
+
+def test_exactly_once_needs_batch_ingestion() -> None:
+    with pytest.raises(SettingsError, match="SEAM_INGEST=batch"):
+        Settings.from_env({"SEAM_PROCESSING_GUARANTEE": "exactly_once", "SEAM_INGEST": "stream"})

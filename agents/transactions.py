@@ -1,0 +1,199 @@
+"""Exactly-once processing: one Kafka transaction per input partition per commit.
+
+With ``SEAM_PROCESSING_GUARANTEE=exactly_once`` every output of a record (prediction, dead letter,
+late record), the changelog records of the state it changed, and its input offset are written in
+one transaction of the producer that owns the record's input partition:
+
+* **One transactional producer per input partition**, ``transactional.id = <group>-<topic>-<partition>``.
+  The id follows the partition, not the worker: whoever owns a partition next initialises the same
+  id, which fences a previous owner that is still running (a zombie after a missed rebalance) and
+  aborts the transaction a killed owner left open. Producers are opened as soon as partitions are
+  assigned, so that abort happens before the state's changelog is read back.
+* **A commit is a cut.** The consumer holds intake while it commits (see
+  :class:`agents.ingest.BatchConsumer`), the model boundary is drained, the state cache's changes are
+  staged here as changelog records, and then each open transaction gets its partition's offset and
+  commits. No transaction ever holds an output whose record's offset it does not also commit.
+* **Local state follows the commit.** Staged changelog records are written to the RocksDB store
+  only after their transaction commits (together with the changelog offset, so a restart does not
+  read them back again). After a crash the store therefore never holds state from an aborted
+  transaction; whatever committed later is restored from the changelog.
+* **Stale work is dropped.** A batch fetched before a rebalance may belong to another worker now;
+  its outputs are discarded rather than written into a new transaction (the records are delivered
+  again and their acknowledgements are dropped anyway, see :mod:`agents.ingest`).
+* Any failure to begin, write or commit a transaction (fenced, timed out) stops the worker: its
+  open transactions are aborted by the next owner and the records are processed again.
+
+Consumers of seam's outputs read them with ``isolation.level=read_committed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+from faust.types import TP
+
+from agents.ingest import RecordBatch, table_partition
+
+__all__ = ["TransactionalOutputs"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Staged:
+    """A state change waiting for its partition's transaction: a changelog record, then a local write."""
+
+    table: Any  # faust.Table
+    key: bytes
+    value: bytes | None
+    delivery: Awaitable[Any] | None = None
+
+
+@dataclass(slots=True)
+class _Partition:
+    producer: AIOKafkaProducer
+    in_transaction: bool = False
+    staged: list[_Staged] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class TransactionalOutputs:
+    """The transactional producers of one worker's input partitions, and the commits across them."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        group_id: str,
+        input_topic: str,
+        current_epoch: Callable[[], int],
+        transaction_timeout_ms: int = 30_000,
+        linger_ms: int = 5,
+        max_batch_size: int = 256 * 1024,
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._group_id = group_id
+        self._input_topic = input_topic
+        self._current_epoch = current_epoch
+        self._producer_options = {
+            "transaction_timeout_ms": transaction_timeout_ms,
+            "linger_ms": linger_ms,
+            "max_batch_size": max_batch_size,
+        }
+        self._partitions: dict[int, _Partition] = {}
+        self._opening: dict[int, asyncio.Future[_Partition]] = {}
+        self._staged: dict[int, list[_Staged]] = {}
+        self.commits = 0
+        self.dropped = 0
+
+    def transactional_id(self, partition: int) -> str:
+        """The transactional id of an input partition's producer (the same on every worker)."""
+        return f"{self._group_id}-{self._input_topic}-{partition}"
+
+    async def open(self, partitions: set[int]) -> None:
+        """Open (and fence older owners of) the producers of newly assigned partitions."""
+        await asyncio.gather(*(self._producer(p) for p in partitions))
+
+    async def _producer(self, partition: int) -> _Partition:
+        state = self._partitions.get(partition)
+        if state is not None:
+            return state
+        opening = self._opening.get(partition)
+        if opening is None:
+            opening = self._opening[partition] = asyncio.ensure_future(self._start(partition))
+        try:
+            return await asyncio.shield(opening)
+        finally:
+            if opening.done():
+                self._opening.pop(partition, None)
+
+    async def _start(self, partition: int) -> _Partition:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap, transactional_id=self.transactional_id(partition),
+            enable_idempotence=True, acks="all", **self._producer_options)
+        await producer.start()
+        state = self._partitions[partition] = _Partition(producer)
+        return state
+
+    async def _begun(self, partition: int) -> _Partition:
+        state = await self._producer(partition)
+        if not state.in_transaction:
+            async with state.lock:
+                if not state.in_transaction:
+                    await state.producer.begin_transaction()
+                    state.in_transaction = True
+        return state
+
+    async def send(self, batch: RecordBatch, topic: str, key: bytes | None, value: bytes) -> Awaitable[Any]:
+        """Write an output of ``batch``'s records into its partition's transaction; return the delivery."""
+        if batch.epoch != self._current_epoch():
+            # Fetched before a rebalance: the records come again and these acks are dropped.
+            self.dropped += 1
+            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        state = await self._begun(batch.partition)
+        delivery: Awaitable[Any] = await state.producer.send(topic, value, key=key)
+        return delivery
+
+    def stage(self, partition: int, table: Any, key: Any, value: Any) -> None:
+        """Queue a table write of ``partition`` for its next transaction (encoded as Faust stores it)."""
+        store = table.data
+        self._staged.setdefault(partition, []).append(
+            _Staged(table, store._encode_key(key), store._encode_value(value)))
+
+    async def commit(self, offsets: Mapping[TP, int]) -> bool:
+        """Commit every open transaction with its partition's offset; then apply its state locally."""
+        by_partition = {tp.partition: offset for tp, offset in offsets.items() if tp.topic == self._input_topic}
+        staged, self._staged = self._staged, {}
+        partitions = {p for p, s in self._partitions.items() if s.in_transaction} | set(staged) | set(by_partition)
+        await asyncio.gather(*(
+            self._commit_partition(p, by_partition.get(p), staged.get(p, [])) for p in sorted(partitions)))
+        self.commits += 1
+        return True
+
+    async def _commit_partition(self, partition: int, offset: int | None, staged: list[_Staged]) -> None:
+        state = await self._begun(partition)
+        for write in staged:
+            changelog = write.table.changelog_topic.get_topic_name()
+            write.delivery = await state.producer.send(changelog, write.value, key=write.key, partition=partition)
+        await state.producer.flush()  # every output and changelog record of the transaction is acknowledged
+        if offset is not None:
+            await state.producer.send_offsets_to_transaction(
+                {TopicPartition(self._input_topic, partition): OffsetAndMetadata(offset, "")}, self._group_id)
+        await state.producer.commit_transaction()
+        state.in_transaction = False
+        self._apply_locally(partition, staged)
+
+    def _apply_locally(self, partition: int, staged: list[_Staged]) -> None:
+        last_offsets: dict[Any, int] = {}
+        with table_partition(self._input_topic, partition):
+            for write in staged:
+                assert write.delivery is not None
+                metadata = write.delivery.result()  # type: ignore[attr-defined]
+                write.table.data._set(write.key, write.value)
+                last_offsets[write.table] = max(last_offsets.get(write.table, -1), metadata.offset)
+        for table, offset in last_offsets.items():
+            # The commit marker follows the transaction's last record in this (single-writer) changelog
+            # partition: a restart resumes after it instead of waiting to read past it.
+            table.data.set_persisted_offset(TP(table.changelog_topic.get_topic_name(), partition), offset + 1)
+
+    async def close(self) -> None:
+        """Stop every producer (partitions were revoked; open transactions are aborted)."""
+        partitions, self._partitions = self._partitions, {}
+        self._staged = {}
+        for partition, state in partitions.items():
+            try:
+                if state.in_transaction:
+                    logger.warning("aborting the open transaction of partition %d (revoked)", partition)
+                    await state.producer.abort_transaction()
+            except Exception:  # the next owner's producer aborts it anyway (same transactional id)
+                logger.exception("could not abort the transaction of partition %d", partition)
+            finally:
+                await state.producer.stop()
