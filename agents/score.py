@@ -23,7 +23,7 @@ from agents.boundary import BatchResult, ModelBoundary
 from agents.metrics import BoundaryMetrics
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from agents.runtime import ModelRuntime
-from agents.transactions import TransactionalOutputs
+from agents.transactions import TransactionalOutputs, release_restores
 from app.main import app, settings
 from tables.cache import StateCache
 from tables.features import DEFAULT_SPEC, CardState
@@ -165,6 +165,12 @@ async def _open_transactions(sender: Any, assigned: Any, **kwargs: Any) -> None:
     if transactions is not None:
         # Fences a previous owner and aborts what it left open, before the changelogs are read back.
         await transactions.open({tp.partition for tp in assigned if tp.topic == settings.input_topic})
+        global _restore_watch
+        if _restore_watch is None or _restore_watch.done():  # user services start only after the restore
+            _restore_watch = asyncio.ensure_future(release_restores(app))
+
+
+_restore_watch: asyncio.Future[None] | None = None
 
 
 if settings.ingest == "batch":

@@ -22,6 +22,11 @@ one transaction of the producer that owns the record's input partition:
   again and their acknowledgements are dropped anyway, see :mod:`agents.ingest`).
 * Any failure to begin, write or commit a transaction (fenced, timed out) stops the worker: its
   open transactions are aborted by the next owner and the records are processed again.
+* **Restores end at markers.** A transactional changelog ends with a commit or abort marker, never
+  with a record, so Faust's restore (which waits to *apply* the record before the end offset) would
+  wait forever; Faust only handles this for its own exactly-once mode. :func:`release_restores`
+  marks a changelog partition restored once the consumer has read past its end with nothing left to
+  apply.
 
 Consumers of seam's outputs read them with ``isolation.level=read_committed``.
 """
@@ -40,7 +45,7 @@ from faust.types import TP
 
 from agents.ingest import RecordBatch, table_partition
 
-__all__ = ["TransactionalOutputs"]
+__all__ = ["TransactionalOutputs", "release_restores"]
 
 logger = logging.getLogger(__name__)
 
@@ -197,3 +202,30 @@ class TransactionalOutputs:
                 logger.exception("could not abort the transaction of partition %d", partition)
             finally:
                 await state.producer.stop()
+
+
+async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
+    """Run forever: end restores that have read past their changelog's last record (only markers left).
+
+    A partition counts as restored when the consumer's position is past Faust's highwater (the
+    offset before the end) and its applied offset has not moved for a whole interval, so nothing
+    fetched is still waiting to be applied. Uses ``Recovery.in_recovery``, ``active_highwaters``
+    and ``active_offsets`` (faust-streaming 0.15.3).
+    """
+    still: dict[Any, int] = {}
+    while True:
+        await asyncio.sleep(interval_s)
+        recovery = app.tables.recovery
+        if not recovery.in_recovery:
+            still.clear()
+            continue
+        offsets = recovery.active_offsets
+        for tp, highwater in list(recovery.active_highwaters.items()):
+            applied = offsets.get(tp)
+            if highwater is None or applied is None or applied >= highwater:
+                continue
+            position = await app.consumer.position(tp)
+            if position is not None and position > highwater and still.get(tp) == applied:
+                logger.info("restore of %s ends at offset %d: only transaction markers follow", tp, applied)
+                offsets[tp] = highwater
+            still[tp] = applied

@@ -213,9 +213,10 @@ class Broker:
                f"-Dkafka.logs.dir={log_dir}", f"-Dlog4j2.configurationFile={log_config}",
                "-cp", f"{libs}/*"]
         if not (data_dir / "meta.properties").exists():
+            # "=" form: a random id may start with "-", which would read as an option.
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             fmt = subprocess.run(
-                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
+                [*jvm, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props),
                  "--ignore-formatted"], capture_output=True, text=True)
             if fmt.returncode != 0:
                 raise KafkaError("formatting storage failed:\n" + fmt.stdout + fmt.stderr)

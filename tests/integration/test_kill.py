@@ -89,3 +89,49 @@ def test_three_sigkills_lose_nothing_and_keep_features_exact(
         assert not set(scored) & set(late_counts), "a transaction was both scored and routed late"
         assert not out[topics.dlq]
     assert code == 0, worker.log_tail()
+
+
+def test_exactly_once_through_a_join_and_a_sigkill(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Partitions move twice (a worker joins, then the first is killed): still every id exactly once."""
+    topics = Topics.unique(uuid.uuid4().hex[:10])
+    prepare_topics(kafka_bootstrap, topics)
+    generator = TransactionGenerator(cards=50, seed=31, late_rate=0.01, id_prefix="kj")
+    events = with_partitions([next(generator)[0] for _ in range(10_000)], 4)
+    expected = replay(events, allowed_lateness_ms=60_000)
+    features = {e["id"]: o.features for e, o in zip(events, expected, strict=True) if isinstance(o, Scored)}
+    env = topics.env() | {"SEAM_SESSION_TIMEOUT_S": "6", "SEAM_PROCESSING_GUARANTEE": "exactly_once"}
+
+    def produce_slowly() -> None:  # ~8 s of input
+        for start in range(0, len(events), 500):
+            asyncio.run(produce_raw(kafka_bootstrap, topics.input, [encode(e) for e in events[start:start + 500]]))
+            time.sleep(0.35)
+
+    first = Worker(kafka_bootstrap, env, tmp_path / "w1", free_port())
+    second: Worker | None = None
+    producer = threading.Thread(target=produce_slowly)
+    try:
+        first.wait_ready()
+        producer.start()
+        time.sleep(2.0)
+        second = Worker(kafka_bootstrap, env, tmp_path / "w2", free_port())
+        second.wait_ready()
+        time.sleep(2.0)
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait()
+        producer.join()
+        all_ids = {e["id"] for e in events}
+        out = asyncio.run(collect(
+            kafka_bootstrap, [topics.predictions, topics.late, topics.dlq],
+            done=lambda o: {p["id"] for p in o[topics.predictions]} | {r["event"]["id"] for r in o[topics.late]}
+            >= all_ids, timeout_s=180, read_committed=True))
+    finally:
+        producer.join()
+        first.stop()
+        code = second.stop() if second is not None else 0
+    outputs = Counter([p["id"] for p in out[topics.predictions]] + [r["event"]["id"] for r in out[topics.late]])
+    assert set(outputs) == all_ids, "a transaction was lost"
+    assert max(outputs.values()) == 1, f"{sum(outputs.values()) - len(outputs)} outputs were committed twice"
+    assert {p["id"] for p in out[topics.predictions]} == set(features)
+    for p in out[topics.predictions]:
+        assert p["features"] == pytest.approx(features[p["id"]], rel=1e-9), p["id"]
+    assert code == 0, second.log_tail() if second is not None else ""
