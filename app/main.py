@@ -41,6 +41,7 @@ app = faust.App(
     # Unacknowledged records are redelivered anyway; waiting for them would only stall shutdown.
     stream_wait_empty=False,
     autodiscover=False,
+    table_standby_replicas=settings.standby_replicas,
 )
 
 

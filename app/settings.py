@@ -73,6 +73,9 @@ class Settings:
     allowed_lateness_s: float = 60.0
     # Input records with a larger value go to the dead-letter topic as too_large.
     max_record_bytes: int = 64 * 1024
+    # Scaling: warm copies of each table partition kept on other workers (Faust's standby replicas),
+    # so a worker taking over a partition reads only the changelog's tail instead of all of it.
+    standby_replicas: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -110,6 +113,8 @@ class Settings:
         if self.allowed_lateness_s < 0:
             raise SettingsError(
                 f"SEAM_ALLOWED_LATENESS_S must be >= 0, got {self.allowed_lateness_s}")
+        if self.standby_replicas < 0:
+            raise SettingsError(f"SEAM_STANDBY_REPLICAS must be >= 0, got {self.standby_replicas}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import aiohttp
 from aiokafka.partitioner import murmur2
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents.score import scoring
+from app.cluster import describe_cluster, local_view
 from app.main import app, settings
 from tables.features import DEFAULT_SPEC, latest_features
 from tables.state import card_state
 
-__all__ = ["BatcherView", "CardFeaturesView", "MetricsView", "ModelView", "ReadyView"]
+__all__ = ["BatcherView", "CardFeaturesView", "ClusterView", "MetricsView", "ModelView", "ReadyView"]
 
 
 @app.page("/model/")
@@ -110,3 +115,53 @@ class CardFeaturesView(View):
             "events_in_state": len(state["ts"]),
             "served_by": str(app.conf.canonical_url),
         })
+
+
+PEER_TIMEOUT_S = 2.0
+
+
+def _own_assignment() -> dict[str, Any]:
+    assignor = app.assignor
+    actives: dict[str, list[int]] = {}
+    standbys: dict[str, list[int]] = {}
+    for tp in assignor.assigned_actives():
+        actives.setdefault(tp.topic, []).append(tp.partition)
+    # Faust's assignment also names standbys of the input topic; only changelog standbys are read.
+    changelogs = app.tables.changelog_topics
+    for tp in assignor.assigned_standbys():
+        if tp.topic in changelogs:
+            standbys.setdefault(tp.topic, []).append(tp.partition)
+    return local_view(str(app.conf.canonical_url), app.consumer_generation_id, actives, standbys)
+
+
+async def _peer_view(url: str) -> dict[str, Any] | str:
+    """A member's own assignment (``?scope=local``), or why it could not be had."""
+    try:
+        async with app.http_client.get(f"{url.rstrip('/')}/cluster/", params={"scope": "local"},
+                                       timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as response:
+            if response.status != 200:
+                return f"HTTP {response.status}"
+            view: dict[str, Any] = await response.json()
+            return view
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return f"unreachable: {exc!r}"
+
+
+@app.page("/cluster/")
+class ClusterView(View):
+    """The workers this one knows and the partitions each owns, active and standby."""
+
+    async def get(self, request: Request) -> Response:
+        own = _own_assignment()
+        if request.query.get("scope") == "local":
+            return self.json(own)
+        assignor = app.assignor
+        changelogs = assignor.changelog_distribution  # type: ignore[attr-defined]
+        external = assignor.external_topic_distribution  # type: ignore[attr-defined]
+        peers = sorted((set(changelogs) | set(external)) - {own["url"]})
+        answers = await asyncio.gather(*(_peer_view(url) for url in peers))
+        return self.json(describe_cluster(
+            self_url=own["url"], generation=own["generation"], input_topic=settings.input_topic,
+            input_partitions=settings.topic_partitions, changelog_distribution=changelogs,
+            external_distribution=external, peer_views={own["url"]: own, **dict(zip(peers, answers, strict=True))},
+        ) | {"standby_replicas": app.conf.table_standby_replicas})

@@ -28,9 +28,9 @@ import time
 import uuid
 from pathlib import Path
 
-import kafka_local
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from bench_common import local_broker, publish
 from rich.console import Console
 
 from app.synthetic import TransactionGenerator
@@ -212,23 +212,9 @@ def main() -> int:
     parser.add_argument("--write", type=Path, help="replace the Ingestion section of this Markdown file")
     args = parser.parse_args()
     port = int(os.environ.get("KAFKA_PORT", "9092"))
-    broker = kafka_local.Broker(port, port + 1000, ROOT / ".cache" / "kafka")
-    started = broker.pid() is None or not kafka_local.metadata_ok(port)
-    if started:
-        broker.up()
-    try:
-        with tempfile.TemporaryDirectory(prefix="seam-bench-") as tmp:
-            results = asyncio.run(main_async(args, broker.bootstrap, Path(tmp)))
-    finally:
-        if started:
-            broker.down()
-    table = markdown(results, args)
-    console.print(table)
-    if args.write:
-        text = args.write.read_text() if args.write.exists() else "# Benchmarks\n\n"
-        head, sep, rest = text.partition("## Ingestion")
-        tail = rest[rest.find("\n## ") + 1:] if sep and "\n## " in rest else ""
-        args.write.write_text(head.rstrip() + "\n\n" + table + ("\n" + tail if tail else ""))
+    with local_broker(port, port + 1000) as bootstrap, tempfile.TemporaryDirectory(prefix="seam-bench-") as tmp:
+        results = asyncio.run(main_async(args, bootstrap, Path(tmp)))
+    publish(markdown(results, args), args.write, "## Ingestion")
     return 0
 
 

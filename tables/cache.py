@@ -61,8 +61,18 @@ class StateCache:
         if state is None:
             with self._scope(partition):
                 state = self._load_card(card_id)
+            if state is not None and state["ts"]:
+                self._raise_watermark(partition, state["ts"][-1])
             state = cards[card_id] = state if state is not None else new_state()
         return state
+
+    def _raise_watermark(self, partition: int, card_max_ts: int) -> None:
+        # A flush writes card states and the watermark to two changelog topics, and a crash can land
+        # between them: the restored watermark may then lag a restored card. The partition has seen
+        # at least this card's events, so its watermark is at least theirs; without this, a
+        # redelivered event the card's state has already evicted would be applied again, out of place.
+        if self.watermark(partition).observe(card_max_ts):
+            self.touch_watermark(partition)
 
     def peek(self, partition: int, card_id: str) -> CardState | None:
         """The card's current state (cache, else table) without caching it; ``None`` if unknown."""

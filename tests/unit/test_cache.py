@@ -381,3 +381,36 @@ def test_counters_accumulate_flushes_and_writes(make_cache: Callable[..., StateC
     assert cache.flush() == 1
     cache.flush()
     assert (cache.flushes, cache.writes, cache.epoch) == (3, 4, 3)
+
+
+# --- consistency of a restored card and its partition's watermark ---------------------------------------------
+
+
+def test_a_restored_card_raises_a_lagging_watermark_and_marks_it_for_the_next_flush(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    """A crash between the two changelog writes of a flush leaves the watermark behind a card's state."""
+    state = stored_state("e1", T)
+    apply(state, "e2", T + 3 * 3_600_000)  # evicts e1: far older than the card's newest event
+    assert state["id"] == ["e2"]
+    tables.cards[(1, "c")] = state
+    tables.watermarks[1] = T  # the watermark written before e2 was applied
+    cache = make_cache()
+    assert cache.watermark(1).max_ts == T
+    cache.card(1, "c")
+    # e1, redelivered, is now late (it was applied once and evicted) instead of being applied again.
+    assert cache.watermark(1).max_ts == T + 3 * 3_600_000
+    assert cache.watermark(1).is_late(T)
+    cache.flush()
+    assert tables.watermarks[1] == T + 3 * 3_600_000
+
+
+def test_a_restored_card_behind_the_watermark_leaves_it_alone(
+    tables: Tables, make_cache: Callable[..., StateCache]
+) -> None:
+    tables.cards[(0, "c")] = stored_state("e1", T)
+    tables.watermarks[0] = T + 5_000
+    cache = make_cache()
+    cache.card(0, "c")
+    assert cache.watermark(0).max_ts == T + 5_000
+    assert cache.flush() == 0

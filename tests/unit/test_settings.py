@@ -28,6 +28,7 @@ def test_defaults_topics_and_port() -> None:
     assert s.max_wait_ms == 5.0
     assert s.max_inflight_batches == 2
     assert s.allowed_lateness_s == 60.0
+    assert s.standby_replicas == 0
     assert s.model_path.name == "fraud-mlp.onnx"
     assert isinstance(s.data_dir, Path)
 
@@ -60,6 +61,7 @@ def test_non_seam_variables_are_ignored() -> None:
         ("SEAM_DEVICE", "cuda", "device", "cuda"),
         ("SEAM_MODEL_PATH", "/tmp/m/model.onnx", "model_path", Path("/tmp/m/model.onnx")),
         ("SEAM_DATA_DIR", "relative/dir", "data_dir", Path("relative/dir")),
+        ("SEAM_STANDBY_REPLICAS", "1", "standby_replicas", 1),
     ],
 )
 def test_parses_typed_values(name: str, text: str, field: str, expected: object) -> None:
@@ -136,6 +138,7 @@ def test_settings_error_is_a_value_error() -> None:
         ("SEAM_ALLOWED_LATENESS_S", "-1"),
         ("SEAM_MAX_RECORD_BYTES", "0"),
         ("SEAM_WEB_PORT", "http"),
+        ("SEAM_STANDBY_REPLICAS", "-1"),
     ],
 )
 def test_bad_values_name_the_variable(name: str, text: str) -> None:
