@@ -37,7 +37,8 @@ pyproject.toml; ``tests/unit/test_ingest_internals.py`` fails loudly if any of t
 * ``Consumer._drain_messages`` (replaced), ``_wait_next_records``, ``_read_offset``, ``_add_gap``,
   ``_acked``, ``_acked_index``, ``_committed_offset``, ``_n_acked``, ``_commit_every``,
   ``_buffered_partitions``, ``_to_message``, ``perform_seek``, ``flow_active``, ``suspend_flow``,
-  ``_commit`` (replaced when offsets go into transactions), ``_new_consumer_thread``;
+  ``_filter_committable_offsets``, ``_filter_tps_with_pending_acks`` (offsets for transactions),
+  ``_new_consumer_thread``;
 * ``faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's
   ``AIOKafkaConsumer._isolation_level`` (read before ``start()``), for ``read_committed``;
 * ``Store._encode_key``, ``_encode_value``, ``_set`` and ``set_persisted_offset`` (in
@@ -130,6 +131,7 @@ class SkipCommit(Exception):  # noqa: N818 - a control-flow signal, not an error
     """Raised by a commit hook when committing now would be unsafe; the commit is skipped."""
 
 _commit_hooks: list[CommitHook] = []
+_offset_committer: OffsetCommitter | None = None
 
 
 def before_revoke(hook: RevokeHook) -> RevokeHook:
@@ -205,8 +207,10 @@ class _ReadCommittedThread(faust_aiokafka.AIOKafkaConsumerThread):
 class BatchConsumer(faust_aiokafka.Consumer):
     """Faust's aiokafka consumer whose drain loop hands batch-handled topics over as lists."""
 
-    #: Set by :func:`install`: commits go through this function, holding intake, reading read_committed.
-    offset_committer: OffsetCommitter | None = None
+    @property
+    def offset_committer(self) -> OffsetCommitter | None:
+        """Set by :func:`install`: commits go through it, holding intake, reading read_committed."""
+        return _offset_committer
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -214,6 +218,12 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self.stale_acks = 0
         self._background_commit: asyncio.Future[None] | None = None
         self._intake = asyncio.Lock()
+        # Records that arrive after a rebalance but before Faust has sought to the committed offsets
+        # may come from a position the consumer took before the previous owner's last commit was
+        # visible: they wait for that seek and then pass the read-offset filter like any others.
+        self._sought_epoch = -1
+        self._held: dict[TP, list[Any]] = {}
+        self._held_epoch = 0
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         if self.offset_committer is None:
@@ -232,6 +242,19 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self.epoch += 1
         await super().on_partitions_revoked(revoked)
 
+    async def perform_seek(self) -> None:
+        epoch = self.epoch
+        await super().perform_seek()
+        if self.epoch == epoch:
+            self._sought_epoch = epoch
+
+    async def _deliver_held(self) -> None:
+        held, self._held = self._held, {}
+        if self._held_epoch != self.epoch:
+            return  # another rebalance since: these may not even be ours
+        for tp, tp_records in held.items():
+            await self._deliver_batch(tp, tp_records, _handlers[tp.topic])
+
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
         if self.offset_committer is None:
             return await self._commit_after_hooks(topics, start_new_transaction)
@@ -247,20 +270,24 @@ class BatchConsumer(faust_aiokafka.Consumer):
         except SkipCommit as reason:
             logger.info("commit skipped: %s", reason)
             return False
-        return await super().commit(topics, start_new_transaction=start_new_transaction)
-
-    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         committer = self.offset_committer
         if committer is None:
-            return bool(await super()._commit(offsets))
-        assigned = self.assignment()
+            return await super().commit(topics, start_new_transaction=start_new_transaction)
+        # Faust's commit drops partitions that are no longer in the assignment, which they are not
+        # any more while being revoked; their transactions must still commit with their offsets.
+        pending = list(self._filter_tps_with_pending_acks(topics))
+        offsets = self._filter_committable_offsets(pending)
         try:
-            return await committer({tp: offset for tp, offset in offsets.items() if tp in assigned})
+            committed = await committer(offsets)
         except Exception as exc:
             logger.exception("transactional commit failed; stopping (open transactions are aborted by the "
                              "partitions' next owner, and their records processed again)")
-            await self.crash(exc)
+            # Not awaited here: stopping commits too, and this commit holds intake until it returns.
+            asyncio.ensure_future(self.crash(exc))
             return False
+        if committed:
+            self._committed_offset.update(offsets)
+        return committed
 
     def ack_offsets(self, tp: TP, offsets: Iterable[int], epoch: int) -> int:
         """Mark ``offsets`` of ``tp`` acknowledged unless the assignment changed; return how many."""
@@ -287,6 +314,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 if not self.flow_active:
                     await self.perform_seek()  # as Faust's getmany: re-read from committed offsets
                     continue
+                if self._held and self._sought_epoch == self.epoch:
+                    await self._deliver_held()
                 generation = self.app.consumer_generation_id
                 for tp, tp_records in records.items():
                     if not self.flow_active or self.app.consumer_generation_id != generation:
@@ -317,19 +346,32 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 logger.exception("background commit failed")
 
     async def _deliver_batch(self, tp: TP, tp_records: list[Any], handler: BatchHandler) -> None:
-        read_offset = self._read_offset[tp]
-        fresh = tp_records if read_offset is None else [r for r in tp_records if r.offset >= read_offset]
+        epoch = self.epoch
+        if self._sought_epoch != epoch:  # not yet positioned at the committed offsets since the rebalance
+            if self._held_epoch != epoch:
+                self._held, self._held_epoch = {}, epoch
+            self._held.setdefault(tp, []).extend(tp_records)
+            return
+        if tp not in self.assignment():
+            # Fetched before a rebalance that gave the partition to another worker, which reads
+            # these records from the committed offset: never handle them here.
+            return
+        # For batch-handled partitions the read offset is the next offset expected, as Faust's seek
+        # sets it (Faust's own loop then stores the last offset read, and lets a re-fetch of that
+        # record through again).
+        expected = self._read_offset[tp]
+        fresh = tp_records if expected is None else [r for r in tp_records if r.offset >= expected]
         if not fresh:
             return
-        previous = read_offset
         for record in fresh:
-            if previous and record.offset - previous > 1:
+            if expected is not None and record.offset > expected:
                 # Offsets the broker skipped (transaction markers, compaction) count as acknowledged.
                 # Unlike Faust's own loop, the gap ends before this record: it is not acked yet.
-                await self._add_gap(tp, previous + 1, record.offset - 1)
-            previous = record.offset
-        self._read_offset[tp] = previous
-        epoch = self.epoch
+                await self._add_gap(tp, expected, record.offset - 1)
+                if self.epoch != epoch:
+                    return  # a rebalance re-positioned the partition meanwhile: these come again
+            expected = record.offset + 1
+        self._read_offset[tp] = expected
         batch = RecordBatch(tp.topic, tp.partition, fresh, lambda offsets: self.ack_offsets(tp, offsets, epoch),
                             epoch)
         try:
@@ -367,5 +409,6 @@ def install(app: AppT, *, commit_offsets: OffsetCommitter | None = None) -> None
     With ``commit_offsets``, that function commits the offsets (in transactions), every commit holds
     intake, and the consumer reads ``read_committed``.
     """
-    BatchConsumer.offset_committer = commit_offsets
+    global _offset_committer
+    _offset_committer = commit_offsets
     app.transport = BatchTransport(app.conf.broker_consumer, app)

@@ -87,6 +87,7 @@ class Pipeline:
         self._lateness_ms = allowed_lateness_ms
         self._on_delivery_failure = on_delivery_failure
         self._write_through = write_through
+        self._routing: set[asyncio.Future[object]] = set()
 
     def forget_partitions(self) -> None:
         """Drop cached state and watermarks (after a rebalance the partitions may belong to others)."""
@@ -131,6 +132,14 @@ class Pipeline:
         delivery = asyncio.ensure_future(await self._outputs.send(batch, topic, record.key, value))
         offset = record.offset
         delivery.add_done_callback(lambda done: self._ack_if_delivered(done, kind, [(batch, offset)]))
+        self._routing.add(delivery)
+        delivery.add_done_callback(self._routing.discard)
+
+    async def routed(self) -> None:
+        """Wait until every dead letter and late record sent so far is delivered (and acknowledged)."""
+        while self._routing:
+            await asyncio.gather(*self._routing, return_exceptions=True)
+            await asyncio.sleep(0)  # the acknowledging callbacks run first, but let them all run
 
     def _ack_if_delivered(self, done: asyncio.Future[object], kind: str, acks: list[tuple[RecordBatch, int]]) -> None:
         if done.cancelled() or done.exception() is not None:

@@ -9,13 +9,14 @@ path, see :mod:`agents.ingest`) or through a plain Faust agent (``SEAM_INGEST=st
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from faust import Stream
-from faust.types import EventT
+from faust.types import TP, EventT
 from mode import Service
 
 from agents import ingest
@@ -26,6 +27,7 @@ from agents.runtime import ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
 from app.main import app, settings
 from tables.cache import StateCache
+from tables.changelog import ChangelogWriter
 from tables.features import DEFAULT_SPEC, CardState
 from tables.state import (
     WATERMARK_KEY,
@@ -56,14 +58,28 @@ transactions = (
     if settings.processing_guarantee == "exactly_once" else None)
 
 
-def _stage_state(card_id: str, state: CardState) -> None:
-    assert transactions is not None
-    transactions.stage(ingest.current_partition(), card_state, card_id.encode(), state)
+async def _send_changelog(topic: str, key: bytes, value: bytes | None, partition: int) -> Any:
+    return await app.producer.send(topic, key, value, partition=partition, timestamp=None, headers=None)
 
 
-def _stage_watermark(max_ts: int) -> None:
-    assert transactions is not None
-    transactions.stage(ingest.current_partition(), watermarks, WATERMARK_KEY, max_ts)
+# At least once with batch ingestion: table writes go out in bulk at each commit (tables.changelog).
+changelog = (ChangelogWriter(_send_changelog, functools.partial(ingest.table_partition, settings.input_topic))
+             if transactions is None and settings.ingest == "batch" else None)
+
+
+def _state_writers() -> tuple[Callable[[str, CardState], None], Callable[[int], None]]:
+    """How the state cache writes a card's state and a watermark, for the configured mode."""
+    if transactions is None and changelog is None:
+        return store_state, store_watermark  # the plain Faust path: Faust table writes, record by record
+    write = transactions.stage if transactions is not None else changelog.write  # type: ignore[union-attr]
+
+    def write_state(card_id: str, state: CardState) -> None:
+        write(card_state, ingest.current_partition(), card_id.encode(), state)
+
+    def write_watermark(max_ts: int) -> None:
+        write(watermarks, ingest.current_partition(), WATERMARK_KEY, max_ts)
+
+    return write_state, write_watermark
 
 
 class ScoringService(Service):
@@ -96,10 +112,9 @@ class ScoringService(Service):
         send = _send if transactions is None else transactions.send
         outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send)
         lateness_ms = int(settings.allowed_lateness_s * 1000)
+        store_card, store_max_ts = _state_writers()
         cache = StateCache(
-            load_card=load_state, load_watermark=load_watermark,
-            store_card=store_state if transactions is None else _stage_state,
-            store_watermark=store_watermark if transactions is None else _stage_watermark,
+            load_card=load_state, load_watermark=load_watermark, store_card=store_card, store_watermark=store_max_ts,
             allowed_lateness_ms=lateness_ms,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
         self.pipeline = Pipeline(
@@ -174,7 +189,14 @@ _restore_watch: asyncio.Future[None] | None = None
 
 
 if settings.ingest == "batch":
-    ingest.install(app, commit_offsets=None if transactions is None else transactions.commit)
+    async def _commit_transactions(offsets: Mapping[TP, int]) -> bool:
+        assert transactions is not None
+        committed = await transactions.commit(offsets)
+        if scoring.pipeline is not None and not transactions.staged:
+            scoring.pipeline.cache.trim()  # the committed states are in RocksDB now
+        return committed
+
+    ingest.install(app, commit_offsets=None if transactions is None else _commit_transactions)
 
     @ingest.before_revoke
     async def _flush_boundary() -> None:
@@ -186,12 +208,24 @@ if settings.ingest == "batch":
         if scoring.pipeline is None:
             return
         started = time.perf_counter()
-        if transactions is not None and scoring.boundary is not None:
-            await scoring.boundary.flush()  # intake is held: after this, every record taken is delivered
-        writes = scoring.pipeline.cache.flush()
-        # Table writes queue their changelog records in Faust's producer buffer. Faust's own flush
-        # gives up after 0.1 s without progress and commits anyway; a crash then leaves committed
-        # offsets whose state never reached the changelog. Drain it completely first.
+        cache = scoring.pipeline.cache
+        if transactions is not None:
+            # Intake is held: after these, every record taken is delivered and acknowledged.
+            if scoring.boundary is not None:
+                await scoring.boundary.flush()
+            await scoring.pipeline.routed()
+            writes = cache.flush(trim=False)  # staged: RocksDB gets them when their transactions commit
+        else:
+            writes = cache.flush()
+            assert changelog is not None
+            try:
+                await changelog.flush()
+            except Exception as exc:
+                # The acknowledgements are released but their state is not in the changelog: stop.
+                asyncio.ensure_future(scoring.crash(exc))  # not awaited: stopping commits too
+                raise ingest.SkipCommit(f"changelog records could not be sent: {exc!r}") from exc
+        # Faust's own table writes (none on this path, but the buffer is Faust's) go through its producer
+        # buffer, whose flush gives up after 0.1 s without progress: drain it completely first.
         buffer = app.producer.buffer
         while buffer.size:
             if buffer.state != "running":  # stopping: the records cannot go out, so neither may offsets

@@ -34,6 +34,7 @@ Consumers of seam's outputs read them with ``isolation.level=read_committed``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from aiokafka.structs import OffsetAndMetadata
 from faust.types import TP
 
 from agents.ingest import RecordBatch, table_partition
+from tables.changelog import Write, encode, persist_offsets, store
 
 __all__ = ["TransactionalOutputs", "release_restores"]
 
@@ -51,20 +53,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class _Staged:
-    """A state change waiting for its partition's transaction: a changelog record, then a local write."""
-
-    table: Any  # faust.Table
-    key: bytes
-    value: bytes | None
-    delivery: Awaitable[Any] | None = None
-
-
-@dataclass(slots=True)
 class _Partition:
     producer: AIOKafkaProducer
     in_transaction: bool = False
-    staged: list[_Staged] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -93,7 +84,7 @@ class TransactionalOutputs:
         }
         self._partitions: dict[int, _Partition] = {}
         self._opening: dict[int, asyncio.Future[_Partition]] = {}
-        self._staged: dict[int, list[_Staged]] = {}
+        self._staged: dict[int, list[Write]] = {}
         self.commits = 0
         self.dropped = 0
 
@@ -147,47 +138,57 @@ class TransactionalOutputs:
         delivery: Awaitable[Any] = await state.producer.send(topic, value, key=key)
         return delivery
 
-    def stage(self, partition: int, table: Any, key: Any, value: Any) -> None:
-        """Queue a table write of ``partition`` for its next transaction (encoded as Faust stores it)."""
-        store = table.data
-        self._staged.setdefault(partition, []).append(
-            _Staged(table, store._encode_key(key), store._encode_value(value)))
+    def stage(self, table: Any, partition: int, key: Any, value: Any) -> None:
+        """Queue a table write of ``partition`` for its next transaction (written locally after it commits)."""
+        self._staged.setdefault(partition, []).append(encode(table, partition, key, value))
+
+    @property
+    def staged(self) -> int:
+        """Table writes waiting for their transaction."""
+        return sum(len(writes) for writes in self._staged.values())
 
     async def commit(self, offsets: Mapping[TP, int]) -> bool:
-        """Commit every open transaction with its partition's offset; then apply its state locally."""
+        """Commit every open transaction with its partition's offset; then apply its state locally.
+
+        With intake held and the boundary drained, every output and state change in a transaction
+        belongs to an acknowledged record, so each open transaction has an offset to commit. One
+        without is an inconsistency: it is aborted, and this raises (the worker stops).
+        """
         by_partition = {tp.partition: offset for tp, offset in offsets.items() if tp.topic == self._input_topic}
         staged, self._staged = self._staged, {}
+        orphans = sorted(p for p, s in self._partitions.items()
+                         if (s.in_transaction or p in staged) and p not in by_partition)
+        if orphans:
+            for partition in orphans:
+                if self._partitions[partition].in_transaction:
+                    await self._partitions[partition].producer.abort_transaction()
+                    self._partitions[partition].in_transaction = False
+            detail = ", ".join(f"{p}: {len(staged.get(p, []))} table writes" for p in orphans)
+            raise RuntimeError(f"transactions with outputs or table writes but no offset to commit ({detail}); "
+                               f"committable offsets: {dict(by_partition)}")
         partitions = {p for p, s in self._partitions.items() if s.in_transaction} | set(staged) | set(by_partition)
         await asyncio.gather(*(
             self._commit_partition(p, by_partition.get(p), staged.get(p, [])) for p in sorted(partitions)))
         self.commits += 1
         return True
 
-    async def _commit_partition(self, partition: int, offset: int | None, staged: list[_Staged]) -> None:
+    async def _commit_partition(self, partition: int, offset: int | None, staged: list[Write]) -> None:
         state = await self._begun(partition)
-        for write in staged:
-            changelog = write.table.changelog_topic.get_topic_name()
-            write.delivery = await state.producer.send(changelog, write.value, key=write.key, partition=partition)
+        deliveries = [await state.producer.send(table.changelog_topic.get_topic_name(), value, key=key,
+                                                partition=partition) for table, _p, key, value in staged]
         await state.producer.flush()  # every output and changelog record of the transaction is acknowledged
+        offsets = [delivery.result().offset for delivery in deliveries]
         if offset is not None:
             await state.producer.send_offsets_to_transaction(
                 {TopicPartition(self._input_topic, partition): OffsetAndMetadata(offset, "")}, self._group_id)
         await state.producer.commit_transaction()
         state.in_transaction = False
-        self._apply_locally(partition, staged)
-
-    def _apply_locally(self, partition: int, staged: list[_Staged]) -> None:
-        last_offsets: dict[Any, int] = {}
-        with table_partition(self._input_topic, partition):
-            for write in staged:
-                assert write.delivery is not None
-                metadata = write.delivery.result()  # type: ignore[attr-defined]
-                write.table.data._set(write.key, write.value)
-                last_offsets[write.table] = max(last_offsets.get(write.table, -1), metadata.offset)
-        for table, offset in last_offsets.items():
-            # The commit marker follows the transaction's last record in this (single-writer) changelog
-            # partition: a restart resumes after it instead of waiting to read past it.
-            table.data.set_persisted_offset(TP(table.changelog_topic.get_topic_name(), partition), offset + 1)
+        scope = functools.partial(table_partition, self._input_topic)
+        for write in staged:
+            store(write, scope)
+        # The commit marker follows the transaction's last record in this (single-writer) changelog
+        # partition: a restart resumes after it instead of waiting to read past it.
+        persist_offsets(staged, offsets, offset_step=1)
 
     async def close(self) -> None:
         """Stop every producer (partitions were revoked; open transactions are aborted)."""

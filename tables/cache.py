@@ -106,8 +106,13 @@ class StateCache:
         else:
             self._deferred.append(ack)
 
-    def flush(self) -> int:
-        """Write every changed state and watermark to the tables; release held acks; return writes."""
+    def flush(self, *, trim: bool = True) -> int:
+        """Write every changed state and watermark to the tables; release held acks; return writes.
+
+        With ``trim=False`` the clean states stay cached even past ``max_clean_cards``: the caller's
+        writes do not reach the table at once (a transaction), so the table must not be read for
+        them yet; it calls :meth:`trim` once they have.
+        """
         writes = 0
         for partition, card_ids in self._dirty.items():
             cards = self._cards[partition]
@@ -129,9 +134,14 @@ class StateCache:
         deferred, self._deferred = self._deferred, []
         for ack in deferred:
             ack()
-        if sum(len(cards) for cards in self._cards.values()) > self._max_clean_cards:
-            self._cards.clear()  # everything is clean now: reload from RocksDB on demand
+        if trim:
+            self.trim()
         return writes
+
+    def trim(self) -> None:
+        """Drop the cached states if there are more than ``max_clean_cards`` and none is dirty."""
+        if not self._dirty and sum(len(cards) for cards in self._cards.values()) > self._max_clean_cards:
+            self._cards.clear()  # everything is clean: reload from RocksDB on demand
 
     def forget(self) -> None:
         """Drop everything (partitions were revoked); unflushed changes are recomputed on redelivery."""

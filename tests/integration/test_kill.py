@@ -96,36 +96,36 @@ def test_exactly_once_through_a_join_and_a_sigkill(kafka_bootstrap: str, tmp_pat
     topics = Topics.unique(uuid.uuid4().hex[:10])
     prepare_topics(kafka_bootstrap, topics)
     generator = TransactionGenerator(cards=50, seed=31, late_rate=0.01, id_prefix="kj")
-    events = with_partitions([next(generator)[0] for _ in range(10_000)], 4)
+    events = with_partitions([next(generator)[0] for _ in range(9_000)], 4)
     expected = replay(events, allowed_lateness_ms=60_000)
     features = {e["id"]: o.features for e, o in zip(events, expected, strict=True) if isinstance(o, Scored)}
     env = topics.env() | {"SEAM_SESSION_TIMEOUT_S": "6", "SEAM_PROCESSING_GUARANTEE": "exactly_once"}
 
-    def produce_slowly() -> None:  # ~8 s of input
-        for start in range(0, len(events), 500):
-            asyncio.run(produce_raw(kafka_bootstrap, topics.input, [encode(e) for e in events[start:start + 500]]))
-            time.sleep(0.35)
+    def produce(part: list[dict[str, Any]], pause_s: float) -> None:
+        for start in range(0, len(part), 500):
+            asyncio.run(produce_raw(kafka_bootstrap, topics.input, [encode(e) for e in part[start:start + 500]]))
+            time.sleep(pause_s)
 
     first = Worker(kafka_bootstrap, env, tmp_path / "w1", free_port())
     second: Worker | None = None
-    producer = threading.Thread(target=produce_slowly)
     try:
         first.wait_ready()
+        produce(events[:3_000], 0.2)
+        second = Worker(kafka_bootstrap, env, tmp_path / "w2", free_port())  # first rebalance: half moves
+        producer = threading.Thread(target=produce, args=(events[3_000:6_000], 0.4))
         producer.start()
-        time.sleep(2.0)
-        second = Worker(kafka_bootstrap, env, tmp_path / "w2", free_port())
         second.wait_ready()
-        time.sleep(2.0)
-        first.proc.send_signal(signal.SIGKILL)
+        time.sleep(1.0)
+        first.proc.send_signal(signal.SIGKILL)  # second rebalance, after the session timeout: the rest moves
         first.proc.wait()
         producer.join()
+        produce(events[6_000:], 0.2)
         all_ids = {e["id"] for e in events}
         out = asyncio.run(collect(
             kafka_bootstrap, [topics.predictions, topics.late, topics.dlq],
             done=lambda o: {p["id"] for p in o[topics.predictions]} | {r["event"]["id"] for r in o[topics.late]}
             >= all_ids, timeout_s=180, read_committed=True))
     finally:
-        producer.join()
         first.stop()
         code = second.stop() if second is not None else 0
     outputs = Counter([p["id"] for p in out[topics.predictions]] + [r["event"]["id"] for r in out[topics.late]])

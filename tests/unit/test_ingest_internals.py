@@ -136,8 +136,8 @@ def test_exactly_once_internals_keep_their_shape() -> None:
     from aiokafka import AIOKafkaConsumer
     from faust.stores.rocksdb import Store as RocksStore
 
-    assert list(inspect.signature(faust_aiokafka.Consumer._commit).parameters) == ["self", "offsets"]
-    assert inspect.iscoroutinefunction(faust_aiokafka.Consumer._commit)
+    assert list(inspect.signature(FaustConsumer._filter_committable_offsets).parameters) == ["self", "tps"]
+    assert list(inspect.signature(FaustConsumer._filter_tps_with_pending_acks).parameters) == ["self", "topics"]
     assert list(inspect.signature(faust_aiokafka.Consumer._new_consumer_thread).parameters) == ["self"]
     creator = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
     assert list(inspect.signature(creator).parameters) == ["self", "transport"]

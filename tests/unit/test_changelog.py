@@ -1,0 +1,114 @@
+"""tables.changelog: bulk table writes, the changelog offsets they record, and failures that stick."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+import pytest
+from faust.types import TP
+
+from tables.changelog import ChangelogWriter
+
+
+class Store:
+    """The slice of a Faust store the writer uses, recording what it was asked to do."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[int, bytes], bytes | None] = {}
+        self.persisted: dict[TP, int] = {}
+        self.partition: int | None = None
+
+    def _encode_key(self, key: Any) -> bytes:
+        return orjson.dumps(key.decode() if isinstance(key, bytes) else key)
+
+    def _encode_value(self, value: Any) -> bytes:
+        return orjson.dumps(value)
+
+    def _set(self, key: bytes, value: bytes | None) -> None:
+        assert self.partition is not None, "written outside a partition scope"
+        self.rows[(self.partition, key)] = value
+
+    def set_persisted_offset(self, tp: TP, offset: int) -> None:
+        self.persisted[tp] = offset
+
+
+class Topic:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+
+class Table:
+    def __init__(self, name: str) -> None:
+        self.data = Store()
+        self.changelog_topic = Topic(f"{name}-changelog")
+
+
+class Broker:
+    """Assigns offsets per topic partition, like a log; can be told to fail."""
+
+    def __init__(self) -> None:
+        self.log: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
+        self.fail: Exception | None = None
+
+    async def send(self, topic: str, key: bytes, value: bytes | None, partition: int) -> Awaitable[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.fail is not None:
+            future.set_exception(self.fail)
+            return future
+        records = self.log.setdefault((topic, partition), [])
+        records.append((key, value))
+
+        class Metadata:
+            offset = len(records) - 1
+
+        future.set_result(Metadata())
+        return future
+
+
+def scope_for(*tables: Table) -> Any:
+    @contextmanager
+    def scope(partition: int) -> Iterator[None]:
+        for table in tables:
+            table.data.partition = partition
+        try:
+            yield
+        finally:
+            for table in tables:
+                table.data.partition = None
+
+    return scope
+
+
+def test_writes_reach_the_store_at_once_and_the_changelog_on_flush() -> None:
+    table, broker = Table("cards"), Broker()
+    writer = ChangelogWriter(broker.send, scope_for(table))
+    writer.write(table, 3, b"c-1", {"n": 1})
+    writer.write(table, 3, b"c-1", {"n": 2})
+    writer.write(table, 0, b"c-9", {"n": 7})
+    assert table.data.rows[(3, b'"c-1"')] == b'{"n":2}'  # readable before the flush
+    assert broker.log == {} and len(writer) == 3
+    assert asyncio.run(writer.flush()) == 3
+    assert broker.log[("cards-changelog", 3)] == [(b'"c-1"', b'{"n":1}'), (b'"c-1"', b'{"n":2}')]
+    assert table.data.persisted == {TP("cards-changelog", 3): 1, TP("cards-changelog", 0): 0}
+    assert len(writer) == 0 and asyncio.run(writer.flush()) == 0
+
+
+def test_a_failed_flush_fails_every_later_flush() -> None:
+    table, broker = Table("cards"), Broker()
+    writer = ChangelogWriter(broker.send, scope_for(table))
+    writer.write(table, 1, b"c-1", {"n": 1})
+    broker.fail = ConnectionError("broker gone")
+    with pytest.raises(ConnectionError):
+        asyncio.run(writer.flush())
+    broker.fail = None
+    writer.write(table, 1, b"c-2", {"n": 1})
+    with pytest.raises(RuntimeError, match="earlier changelog write failed"):
+        asyncio.run(writer.flush())
+    assert table.data.persisted == {}
