@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shlex
 import subprocess
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--models", help="comma separated: default, bench (default: both; with --quick: default)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma separated subset of {','.join(MODES)}")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--report-only", type=Path, metavar="JSON",
+                        help="measure nothing: write the plots and Markdown of an earlier results file")
     return parser
 
 
@@ -127,6 +130,17 @@ async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.report_only:
+        from bench import report
+
+        results = json.loads(args.report_only.read_text())
+        args.out.mkdir(parents=True, exist_ok=True)
+        if not args.no_plots:
+            report.plots(results, args.out)
+        if args.write:
+            report.write_markdown(results, args.write, args.out)
+        print(report.markdown(results, args.out))
+        return 0
     command = " ".join([".venv/bin/python -m bench", shlex.join(argv)]).strip()
     if args.bootstrap:
         asyncio.run(run(args, command, args.bootstrap))
