@@ -71,8 +71,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     modes = tuple(m for m in MODES if m in args.modes.split(","))
     models = {m: paths[m] for m in names}
     if args.quick:
-        return Plan(models, paths, modes, sat_records=1_000, sat_cap_s=30.0, ceiling_records=20_000, loads=(0.5,),
-                    load_seconds=1.5, warmup_s=0.5, drain_cap_s=2.0, ort_seconds=0.02, cards=500)
+        return Plan(models, paths, modes, quick=True, sat_records=1_000, sat_cap_s=30.0, ceiling_records=20_000,
+                    loads=(0.5,), load_seconds=1.5, warmup_s=0.5, drain_cap_s=2.0, ort_seconds=0.02, cards=500)
     return Plan(models, paths, modes)
 
 
@@ -109,9 +109,9 @@ async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[st
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with tempfile.TemporaryDirectory(prefix="seam-bench-") as tmp, Progress(*columns, console=console) as progress:
         results = await run_all(plan, bootstrap, Path(tmp), progress, progress.console.print)
-    results["plan"] = {"quick": args.quick, "sat_records": plan.sat_records, "sat_cap_s": plan.sat_cap_s,
-                       "ceiling_records": plan.ceiling_records, "loads": list(plan.loads),
-                       "load_seconds": plan.load_seconds, "drain_cap_s": plan.drain_cap_s, "cards": plan.cards}
+    results["plan"] = {name: getattr(plan, name) for name in (
+        "quick", "sat_records", "sat_cap_s", "ceiling_records", "load_seconds", "warmup_s", "drain_cap_s", "cards")}
+    results["plan"]["loads"] = list(plan.loads)
     results["command"] = command
     results["duration_s"] = round(time.monotonic() - started, 1)
     results["machine"] = report.machine()

@@ -65,11 +65,12 @@ class Plan:
     models: dict[str, Path]
     ort_models: dict[str, Path]
     modes: tuple[str, ...] = MODES
-    sat_records: int = 60_000
-    sat_cap_s: float = 6.0
+    quick: bool = False
+    sat_records: int = 50_000
+    sat_cap_s: float = 5.0
     ceiling_records: int = 150_000
     loads: tuple[float, ...] = (0.25, 0.5, 0.8)
-    load_seconds: float = 5.0
+    load_seconds: float = 4.0
     warmup_s: float = 1.0
     drain_cap_s: float = 3.0
     ort_seconds: float = 0.25
@@ -83,7 +84,7 @@ class Worker:
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
-        self._out = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self._out = open(log, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
 
@@ -113,6 +114,7 @@ class Run:
     bootstrap: str
     workdir: Path
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    worker: Worker | None = None
 
     @property
     def app_id(self) -> str:
@@ -127,14 +129,23 @@ class Run:
                             log_append_time=[self.topic(k) for k in ("tx", "pred", "dlq", "late")])
 
     def start(self) -> Worker:
+        """Start the mode's process (again, after stop(): same state folder, group and topics)."""
+        self.worker = Worker(*self._command(), self.workdir / f"{self.mode}-{self.model}.log")
+        return self.worker
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+
+    def _command(self) -> tuple[list[str], dict[str, str]]:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SEAM_", "BENCH_"))}
         data = self.workdir / self.app_id
-        data.mkdir(parents=True)
-        log = self.workdir / f"{self.mode}-{self.model}.log"
+        data.mkdir(parents=True, exist_ok=True)
         if self.mode == CEILING:
             argv = [sys.executable, "-m", "bench.passthrough", self.bootstrap, self.topic("tx"), self.topic("pred"),
                     str(10**12)]
-            return Worker(argv, base, log)
+            return argv, base
         if self.mode.startswith("seam"):
             env = base | {
                 "SEAM_BROKER_URL": f"kafka://{self.bootstrap}", "SEAM_APP_ID": self.app_id,
@@ -145,15 +156,15 @@ class Run:
                 "SEAM_ADAPTIVE_BATCHING": "false" if self.mode == "seam-fixed" else "true",
                 "SEAM_INGEST": "stream" if self.mode == "seam-stream" else "batch",
             }
-            return Worker([sys.executable, "-m", "app", "worker", "-l", "warn"], env, log)
+            return [sys.executable, "-m", "app", "worker", "-l", "warn"], env
         env = base | {
             "BENCH_MODE": self.mode, "BENCH_BROKER": f"kafka://{self.bootstrap}", "BENCH_APP_ID": self.app_id,
             "BENCH_INPUT": self.topic("tx"), "BENCH_PREDICTIONS": self.topic("pred"), "BENCH_DLQ": self.topic("dlq"),
             "BENCH_LATE": self.topic("late"), "BENCH_DATA_DIR": str(data), "BENCH_MODEL": str(self.model_path),
         }
         if self.mode == "quix":
-            return Worker([sys.executable, "-m", "bench.quix_app"], env, log)
-        return Worker([sys.executable, "-m", "bench.faust_app", "worker", "-l", "warn", "--without-web"], env, log)
+            return [sys.executable, "-m", "bench.quix_app"], env
+        return [sys.executable, "-m", "bench.faust_app", "worker", "-l", "warn", "--without-web"], env
 
 
 def _free_port() -> int:
@@ -203,36 +214,63 @@ class Bench:
     async def mode(self, mode: str, model: str, loads_from: str) -> dict[str, Any]:
         """Saturation, correctness and latency of one mode with one model."""
         run = Run(mode, model, self.plan.models[model], self.bootstrap, self.workdir)
+        started = time.monotonic()
         count = self.plan.ceiling_records if mode == CEILING else self.plan.sat_records
         await run.create_topics()
         await produce_inputs(self.bootstrap, run.topic("tx"), self.inputs[:count])
-        worker = run.start()
+        run.start()
         try:
             async with OffsetWatch(self.bootstrap, run.topic("pred")) as watch:
-                result = await self._saturate(run, worker, watch, count)
+                result = await self._saturate(run, watch, count)
                 self._advance()
-                if mode != CEILING:
-                    self.saturation.setdefault(f"{mode}/{model}", result["saturation"]["events_per_s"])
-                base = self.saturation.get(loads_from)
-                generator = copy.deepcopy(self.after_inputs)
-                result["latency"] = []
                 own = result["saturation"]["events_per_s"]
-                for fraction in self.plan.loads:
-                    if base is None:
-                        break
-                    result["latency"].append(await self._load(run, worker, watch, generator, fraction, base, own))
+                if mode != CEILING:
+                    self.saturation.setdefault(f"{mode}/{model}", own)
+                base = self.saturation.get(loads_from, 0.0)
+                generator = copy.deepcopy(self.after_inputs)
+                backlog = not result["saturation"]["drained"]
+                result["latency"] = []
+                for fraction in self.plan.loads if base else ():
+                    rate = fraction * base
                     self._advance(1 / len(self.plan.loads))
+                    if round(rate) > own:
+                        # Above the mode's own saturation rate its queue grows for as long as the load lasts:
+                        # any latency measured would only say how long the phase ran.
+                        result["latency"].append({"load": fraction, "offered_per_s": round(rate), "overloaded": True})
+                        continue
+                    if backlog:
+                        await self._restart(run, watch, generator)
+                    point = await self._load(run, watch, generator, fraction, rate)
+                    result["latency"].append(point)
+                    backlog = point["unanswered"] > 0
         finally:
-            worker.stop()
+            run.stop()
+        result["wall_s"] = round(time.monotonic() - started, 1)
         return result
 
-    async def _saturate(self, run: Run, worker: Worker, watch: OffsetWatch, count: int) -> dict[str, Any]:
+    async def _restart(self, run: Run, watch: OffsetWatch, generator: TransactionGenerator) -> None:
+        """Start the next phase from an empty queue: delete the backlog, restart the worker, wait for it."""
+        await drop_backlog(self.bootstrap, run.topic("tx"))
+        run.stop()  # also drops what the worker had fetched but not processed
+        worker = run.start()
+        before = await watch.total()
+        probe = next(generator)[0]
+        await produce_inputs(self.bootstrap, run.topic("tx"), [(probe["card_id"].encode(), orjson.dumps(probe))])
+        deadline = time.monotonic() + self.plan.start_timeout_s
+        while await watch.total() <= before:
+            worker.check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{run.mode} did not come back after a restart (log: {worker.log})")
+            await asyncio.sleep(0.2)
+
+    async def _saturate(self, run: Run, watch: OffsetWatch, count: int) -> dict[str, Any]:
         task = self.progress.add_task(f"{run.mode} ({run.model}): saturation", total=count)
         deadline = time.monotonic() + self.plan.start_timeout_s
         first_seen = None
         total = 0
         while total < count:
-            worker.check()
+            assert run.worker is not None
+            run.worker.check()
             total = await watch.total()
             self.progress.update(task, completed=total)
             now = time.monotonic()
@@ -243,7 +281,7 @@ class Bench:
             await asyncio.sleep(0.2)
         self.progress.remove_task(task)
         if first_seen is None:
-            raise RuntimeError(f"{run.mode} produced nothing in {self.plan.start_timeout_s:.0f} s (log: {worker.log})")
+            raise RuntimeError(f"{run.mode} produced nothing in {self.plan.start_timeout_s:.0f} s ({run.workdir})")
         outputs = await read_range(self.bootstrap, run.topic("pred"), {}, await watch.offsets())
         stamps = [ts for ts, _ in outputs]
         span_s = max(1e-3, (max(stamps) - min(stamps)) / 1000)
@@ -252,8 +290,6 @@ class Bench:
             "span_s": round(span_s, 3), "drained": len(outputs) >= count}}
         if run.mode != CEILING:
             result["correctness"] = self.check(run.model, [v for _, v in outputs], count)
-        if len(outputs) < count:
-            await self._drop(run, watch)
         return result
 
     def check(self, model: str, values: list[bytes], count: int) -> dict[str, Any]:
@@ -270,21 +306,8 @@ class Bench:
                 zip(self.partitions[:count], (v for _, v in self.inputs[:count]), strict=True), runtime)
         return self._references[key]
 
-    async def _drop(self, run: Run, watch: OffsetWatch) -> None:
-        """Delete the input backlog and wait until the worker's output settles."""
-        await drop_backlog(self.bootstrap, run.topic("tx"))
-        last, stable_since, deadline = -1, time.monotonic(), time.monotonic() + 15
-        while time.monotonic() < deadline:
-            total = await watch.total()
-            if total != last:
-                last, stable_since = total, time.monotonic()
-            elif time.monotonic() - stable_since > 0.6:
-                break
-            await asyncio.sleep(0.2)
-
-    async def _load(self, run: Run, worker: Worker, watch: OffsetWatch, generator: TransactionGenerator,
-                    fraction: float, base_rate: float, own_rate: float) -> dict[str, Any]:
-        rate = fraction * base_rate
+    async def _load(self, run: Run, watch: OffsetWatch, generator: TransactionGenerator, fraction: float,
+                    rate: float) -> dict[str, Any]:
         label = f"{run.mode} ({run.model}): {fraction:.0%} load, {rate:,.0f}/s"
         task = self.progress.add_task(label, total=int(rate * (self.plan.warmup_s + self.plan.load_seconds)))
         start, in_start = await watch.offsets(), await end_offsets(self.bootstrap, run.topic("tx"))
@@ -301,10 +324,10 @@ class Bench:
                                partitions=PARTITIONS, on_sent=on_sent,
                                on_progress=lambda done, _total: self.progress.update(task, completed=done))
         self.progress.remove_task(task)
-        # Above its own saturation rate a mode's queue only grows: its latencies are lower bounds anyway.
-        deadline = time.monotonic() + (self.plan.drain_cap_s if rate < own_rate else 1.0)
+        deadline = time.monotonic() + self.plan.drain_cap_s
         while time.monotonic() < deadline and await watch.total() - sum(start.values()) < len(sent):
-            worker.check()
+            assert run.worker is not None
+            run.worker.check()
             await asyncio.sleep(0.1)
         cutoff_ms = int(time.time() * 1000)
         outputs = await read_range(self.bootstrap, run.topic("pred"), start, await watch.offsets())
@@ -328,8 +351,6 @@ class Bench:
                   if len(lag) else {},
                   "p99_ms_by_second": [round(float(np.percentile(v, 99)), 1) for _, v in sorted(per_second.items())],
                   **latency_percentiles(list(answered.values()), censored)}
-        if censored:
-            await self._drop(run, watch)
         return result
 
 
