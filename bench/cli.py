@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--write", type=Path, help="replace the 'End to end' section of this Markdown file")
     parser.add_argument("--models", help="comma separated: default, bench (default: both; with --quick: default)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma separated subset of {','.join(MODES)}")
+    parser.add_argument("--seam-env", action="append", default=[], metavar="SEAM_NAME=VALUE",
+                        help="a setting for the seam modes (repeatable), e.g. SEAM_MAX_INFLIGHT_BATCHES=8")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--report-only", type=Path, metavar="JSON",
                         help="measure nothing: write the plots and Markdown of an earlier results file")
@@ -70,10 +72,14 @@ def make_plan(args: argparse.Namespace) -> Plan:
     ensure_bench_model()
     modes = tuple(m for m in MODES if m in args.modes.split(","))
     models = {m: paths[m] for m in names}
+    seam_env = dict(item.split("=", 1) for item in args.seam_env)
+    if any(not name.startswith("SEAM_") for name in seam_env):
+        raise SystemExit(f"bench: --seam-env takes SEAM_NAME=VALUE, got {args.seam_env}")
     if args.quick:
         return Plan(models, paths, modes, quick=True, sat_records=1_000, sat_cap_s=30.0, ceiling_records=20_000,
-                    loads=(0.5,), load_seconds=1.5, warmup_s=0.5, drain_cap_s=2.0, ort_seconds=0.02, cards=500)
-    return Plan(models, paths, modes)
+                    loads=(0.5,), load_seconds=1.5, warmup_s=0.5, drain_cap_s=2.0, ort_seconds=0.02, cards=500,
+                    seam_env=seam_env)
+    return Plan(models, paths, modes, seam_env=seam_env)
 
 
 class LocalBroker:
@@ -112,6 +118,7 @@ async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[st
     results["plan"] = {name: getattr(plan, name) for name in (
         "quick", "sat_records", "sat_cap_s", "ceiling_records", "load_seconds", "warmup_s", "drain_cap_s", "cards")}
     results["plan"]["loads"] = list(plan.loads)
+    results["plan"]["seam_env"] = plan.seam_env
     results["command"] = command
     results["duration_s"] = round(time.monotonic() - started, 1)
     results["machine"] = report.machine()

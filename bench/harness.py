@@ -67,16 +67,17 @@ class Plan:
     modes: tuple[str, ...] = MODES
     quick: bool = False
     sat_records: int = 50_000
-    sat_cap_s: float = 5.0
+    sat_cap_s: float = 6.0
     ceiling_records: int = 150_000
     loads: tuple[float, ...] = (0.25, 0.5, 0.8)
-    load_seconds: float = 4.0
+    load_seconds: float = 6.0
     warmup_s: float = 1.0
     drain_cap_s: float = 3.0
     ort_seconds: float = 0.25
     cards: int = 5000
     seed: int = 1
     start_timeout_s: float = 90.0
+    seam_env: dict[str, str] = field(default_factory=dict)  # extra SEAM_* settings for the seam modes
 
 
 class Worker:
@@ -113,6 +114,7 @@ class Run:
     model_path: Path
     bootstrap: str
     workdir: Path
+    seam_env: dict[str, str] = field(default_factory=dict)
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     worker: Worker | None = None
 
@@ -155,7 +157,7 @@ class Run:
                 "SEAM_TOPIC_PARTITIONS": str(PARTITIONS),
                 "SEAM_ADAPTIVE_BATCHING": "false" if self.mode == "seam-fixed" else "true",
                 "SEAM_INGEST": "stream" if self.mode == "seam-stream" else "batch",
-            }
+            } | self.seam_env
             return [sys.executable, "-m", "app", "worker", "-l", "warn"], env
         env = base | {
             "BENCH_MODE": self.mode, "BENCH_BROKER": f"kafka://{self.bootstrap}", "BENCH_APP_ID": self.app_id,
@@ -213,7 +215,7 @@ class Bench:
 
     async def mode(self, mode: str, model: str, loads_from: str) -> dict[str, Any]:
         """Saturation, correctness and latency of one mode with one model."""
-        run = Run(mode, model, self.plan.models[model], self.bootstrap, self.workdir)
+        run = Run(mode, model, self.plan.models[model], self.bootstrap, self.workdir, self.plan.seam_env)
         started = time.monotonic()
         count = self.plan.ceiling_records if mode == CEILING else self.plan.sat_records
         await run.create_topics()
@@ -325,7 +327,7 @@ class Bench:
                                on_progress=lambda done, _total: self.progress.update(task, completed=done))
         self.progress.remove_task(task)
         deadline = time.monotonic() + self.plan.drain_cap_s
-        while time.monotonic() < deadline and await watch.total() - sum(start.values()) < len(sent):
+        while time.monotonic() < deadline and await watch.total() - sum(start.values()) < report.sent:
             assert run.worker is not None
             run.worker.check()
             await asyncio.sleep(0.1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import textwrap
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -277,9 +278,19 @@ def plots(results: dict[str, Any], out: Path) -> None:
         for mode, entry in entries.items():
             points = [p for p in entry.get("latency", []) if "p99_ms" in p]
             if points:
-                ax.plot([p["offered_per_s"] for p in points], [p["p99_ms"] for p in points], marker="o",
-                        label=LABELS.get(mode, mode), linestyle="--" if mode == "ceiling-a" else "-")
+                (line,) = ax.plot([p["offered_per_s"] for p in points], [p["p99_ms"] for p in points], marker="o",
+                                  label=LABELS.get(mode, mode), linestyle="--" if mode == "ceiling-a" else "-")
+                bounds = [p for p in points if "p99" in p["lower_bound"]]
+                ax.plot([p["offered_per_s"] for p in bounds], [p["p99_ms"] for p in bounds], marker="o",
+                        linestyle="", markersize=9, markerfacecolor="white", color=line.get_color())
         ax.axhline(SLA_MS, color="grey", linewidth=0.8, linestyle=":")
+        overloaded = [LABELS.get(mode, str(mode)) for mode, entry in entries.items()
+                      if entry.get("latency") and all(p.get("overloaded") for p in entry["latency"])]
+        if overloaded:
+            note = textwrap.fill("overloaded at every load (not drawn): " + ", ".join(overloaded), 70)
+            ax.text(0.01, 0.01, note, transform=ax.transAxes, fontsize=6.5, va="bottom")
+        ax.text(0.99, 0.99, "hollow: lower bound (inputs left unanswered)", transform=ax.transAxes, fontsize=6.5,
+                va="top", ha="right")
         ax.set(yscale="log", xlabel="offered load (events/s)", ylabel="p99 latency (ms, log)",
                title=f"p99 vs offered load: {results['models'][model]['tag']}")
         ax.legend(fontsize=7)
