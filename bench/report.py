@@ -163,8 +163,8 @@ record). Every mode computes the features with `tables/features.py` and writes s
 - **Benchmark model:** `models/fraud-mlp-bench.onnx` (`make bench-model`) is the default network plus
   2,000 zero-weighted layers of width 32 sharing one weight matrix: the same scores, and a one-row call
   costs about 1 ms here while 256 rows cost 20-40×, not 256× (see ceiling B).
-- The machine is small and was shared: absolute numbers move by tens of percent between runs; compare
-  the ratios within one table."""
+- On a small machine shared with other work, as this one is, absolute numbers move by tens of percent
+  between runs (and p99 within a run): compare the ratios within one table."""
 
 
 def _correctness(results: dict[str, Any]) -> str:
@@ -194,6 +194,8 @@ def markdown(results: dict[str, Any], image_dir: Path | None = None, doc_dir: Pa
     """The "End to end" section: command, machine, throughput and latency tables, targets, plots."""
     m, plan = results["machine"], results["plan"]
     command = f"`{results['command']}`"
+    if "--bootstrap" in results["command"] and "--out docs" in results["command"]:
+        command += " (`make bench` without `--bootstrap`: on a broker it starts itself)"
     lines = [
         SECTION, "",
         f"Command: {command} ({results['duration_s']:.0f} s). Machine: {m['cpus']} CPUs ({m['cpu']}), "
