@@ -272,7 +272,7 @@ def plots(results: dict[str, Any], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     models = list(results["modes"])
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.6), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
         entries = dict(results["modes"][model])
         if model == models[0] and "ceiling_a" in results:
@@ -288,12 +288,11 @@ def plots(results: dict[str, Any], out: Path) -> None:
         ax.axhline(SLA_MS, color="grey", linewidth=0.8, linestyle=":")
         overloaded = [LABELS.get(mode, str(mode)) for mode, entry in entries.items()
                       if entry.get("latency") and all(p.get("overloaded") for p in entry["latency"])]
+        xlabel = "offered load (events/s); hollow: a lower bound (inputs left unanswered)"
         if overloaded:
-            note = textwrap.fill("overloaded at every load (not drawn): " + ", ".join(overloaded), 70)
-            ax.text(0.01, 0.01, note, transform=ax.transAxes, fontsize=6.5, va="bottom")
-        ax.text(0.99, 0.99, "hollow: lower bound (inputs left unanswered)", transform=ax.transAxes, fontsize=6.5,
-                va="top", ha="right")
-        ax.set(yscale="log", xlabel="offered load (events/s)", ylabel="p99 latency (ms, log)",
+            xlabel += "\n" + textwrap.fill("not drawn, overloaded at every load: " + ", ".join(overloaded), 75)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set(yscale="log", ylabel="p99 latency (ms, log)",
                title=f"p99 vs offered load: {results['models'][model]['tag']}")
         ax.legend(fontsize=7)
     fig.tight_layout()
