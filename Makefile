@@ -7,18 +7,18 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install kafka-jars kafka-up kafka-down kafka-status demo test unit integration lint model bench-ingest clean
+.PHONY: help install kafka-jars kafka-up kafka-down kafka-status demo test unit integration lint model bench-model bench bench-ingest clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-install: $(VENV)/.installed  ## Create .venv and install seam with its dev dependencies.
+install: $(VENV)/.installed  ## Create .venv and install seam with its dev and bench dependencies.
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "seam needs Python 3.11 or newer")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	@touch $@
 
 kafka-jars:  ## Fetch Apache Kafka's jars from Maven Central (once) into .cache/kafka.
@@ -46,11 +46,17 @@ integration: install kafka-jars  ## Run the integration tests only.
 	$(PY) -m pytest tests/integration
 
 lint: install  ## ruff and mypy.
-	$(PY) -m ruff check app agents tables scripts tests
-	$(PY) -m mypy app agents tables
+	$(PY) -m ruff check app agents tables bench scripts tests
+	$(PY) -m mypy app agents tables bench
 
 model: install  ## Retrain models/fraud-mlp.onnx (deterministic).
 	$(PY) scripts/train_model.py
+
+bench-model: install  ## Rebuild models/fraud-mlp-bench.onnx, the heavier benchmark model (deterministic).
+	$(PY) scripts/train_model.py --bench-depth 2000 --name fraud-mlp-bench --out models/fraud-mlp-bench.onnx
+
+bench: install kafka-jars  ## End-to-end benchmark, all modes, both models (~10 min); writes docs/BENCHMARKS.md and plots.
+	$(PY) -m bench --out docs --write docs/BENCHMARKS.md
 
 bench-ingest: install kafka-jars  ## Ingestion benchmark: batch ingestion vs Faust take() vs raw aiokafka.
 	$(PY) scripts/bench_ingest.py --pipeline --write docs/BENCHMARKS.md

@@ -1,4 +1,4 @@
-"""seam's own commands beside Faust's (``seam produce``)."""
+"""seam's own commands beside Faust's (``seam produce``, ``seam bench``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from app.loadgen import produce
 from app.main import app, settings
 from app.synthetic import TransactionGenerator
 
-__all__ = ["produce_command"]
+__all__ = ["bench_command", "produce_command"]
 
 
 @app.command(
@@ -47,3 +47,26 @@ async def produce_command(
     self.say(f"sent {report.sent} transactions ({report.fraud} in fraud bursts) to {target!r} "
              f"in {report.elapsed_s:.1f}s ({report.rate:.0f}/s); last event time {generator.last_ts_ms} "
              f"(pass a later --start-ms to a next run on this topic)")
+
+
+@app.command(
+    option("--quick", is_flag=True, default=False, help="Small and short: checks the harness, not speed."),
+    option("--out", default=None, help="Folder for the JSON results and the plots (default: .data/bench)."),
+    option("--write", default=None, help="Replace the 'End to end' section of this Markdown file."),
+    option("--models", default=None, help="Comma separated: default, bench."),
+    option("--modes", default=None, help="Comma separated subset of the modes (default: all)."),
+    name="bench",
+)
+async def bench_command(
+    self: AppCommand, quick: bool, out: str | None, write: str | None, models: str | None, modes: str | None,
+) -> None:
+    """Benchmark seam against its baselines and ceilings on the configured broker (see docs/BENCHMARKS.md)."""
+    try:
+        from bench import cli as bench_cli
+    except ImportError as exc:  # an install without the benchmark package or its extra
+        raise SystemExit(f"seam bench needs the source checkout with the bench extra installed: {exc}") from None
+    argv = ["--bootstrap", settings.broker_bootstrap, *(["--quick"] if quick else [])]
+    for name, value in (("--out", out), ("--write", write), ("--models", models), ("--modes", modes)):
+        argv += [name, value] if value else []
+    args = bench_cli.build_parser().parse_args(argv)
+    await bench_cli.run(args, "seam bench " + " ".join(argv[2:]), settings.broker_bootstrap)

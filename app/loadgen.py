@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -42,8 +43,13 @@ async def produce(
     generator: TransactionGenerator,
     partitions: int = 8,
     on_progress: Callable[[int, int], None] | None = None,
+    on_sent: Callable[[dict[str, Any], int], None] | None = None,
 ) -> ProduceReport:
-    """Send ``rate`` transactions per second for ``duration_s`` seconds; wait for every ack."""
+    """Send ``rate`` transactions per second for ``duration_s`` seconds; wait for every ack.
+
+    Each record's Kafka timestamp is the wall-clock time (epoch ms) at which it was handed to the
+    producer; ``on_sent(transaction, timestamp_ms)`` is told it (the benchmark measures latency from it).
+    """
     if rate <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be positive")
     await ensure_topics(bootstrap, [topic], partitions)
@@ -57,10 +63,13 @@ async def produce(
     try:
         while sent < total:
             due = min(total, int((time.monotonic() - started) * rate) + 1)
+            now_ms = int(time.time() * 1000)
             while sent < due:
                 tx, is_fraud = next(generator)
                 pending.append(await producer.send(
-                    topic, orjson.dumps(tx), key=tx["card_id"].encode()))
+                    topic, orjson.dumps(tx), key=tx["card_id"].encode(), timestamp_ms=now_ms))
+                if on_sent is not None:
+                    on_sent(tx, now_ms)
                 sent += 1
                 fraud += is_fraud
             if len(pending) > 5000:

@@ -24,80 +24,20 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from bench_common import local_broker, publish
 from rich.console import Console
 
 from app.synthetic import TransactionGenerator
-from app.topics import assign_all, ensure_topics
+from app.topics import ensure_topics
+from bench.kafka import output_span, produce_inputs, raw_passthrough
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()
 PARTITIONS = 8
-
-
-async def produce_inputs(bootstrap: str, topic: str, values: list[tuple[bytes, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=10,
-                                max_batch_size=512 * 1024)
-    await producer.start()
-    try:
-        pending = []
-        for key, value in values:
-            pending.append(await producer.send(topic, value, key=key))
-            if len(pending) >= 20_000:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
-
-
-async def output_span(bootstrap: str, topic: str, expected: int, timeout_s: float) -> tuple[int, float]:
-    """Read ``topic`` until ``expected`` records; return (count, seconds from first to last timestamp)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=64 << 20)
-    await consumer.start()
-    count, first, last = 0, None, 0
-    try:
-        await assign_all(consumer, bootstrap, [topic], from_end=False)
-        deadline = time.monotonic() + timeout_s
-        while count < expected and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=500, max_records=50_000)).values():
-                count += len(records)
-                stamps = [r.timestamp for r in records]
-                first = min(stamps) if first is None else min(first, *stamps)
-                last = max(last, *stamps)
-    finally:
-        await consumer.stop()
-    return count, max(1e-3, (last - (first or last)) / 1000)
-
-
-async def raw_passthrough(bootstrap: str, source: str, sink: str, expected: int) -> None:
-    """The ceiling: aiokafka only, with the same decode/produce/ack-after-delivery work."""
-    consumer = AIOKafkaConsumer(source, bootstrap_servers=bootstrap, group_id=f"raw-{uuid.uuid4().hex[:6]}",
-                                enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=2000)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await consumer.start()
-    await producer.start()
-    done = 0
-    try:
-        while done < expected:
-            batch = await consumer.getmany(timeout_ms=1000)
-            futures = []
-            for tp, records in batch.items():
-                for r in records:
-                    value = orjson.dumps({"p": tp.partition, "o": r.offset, "id": orjson.loads(r.value).get("id")})
-                    futures.append(await producer.send(sink, value, key=r.key))
-                done += len(records)
-            await asyncio.gather(*futures)
-            await consumer.commit()
-    finally:
-        await consumer.stop()
-        await producer.stop()
 
 
 def run_worker(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -1,0 +1,157 @@
+"""``python -m bench`` / ``seam bench`` / ``make bench``: run the benchmark and write its results.
+
+    .venv/bin/python -m bench                       # full run (~10 min on 2 cores); local broker on $KAFKA_PORT
+    .venv/bin/python -m bench --quick               # smoke-sized run, default model only (~1 min)
+    .venv/bin/python -m bench --out docs --write docs/BENCHMARKS.md   # what `make bench` runs
+
+Without ``--bootstrap`` it uses the broker of ``scripts/kafka_local.py`` on ``$KAFKA_PORT`` (9092), starting
+it if it is not running and stopping it afterwards if it started it. It writes ``bench-results.json`` and
+the plots (``bench-*.png``) into ``--out`` and, with ``--write``, replaces the "End to end" section of that
+Markdown file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench.harness import MODES, ROOT, Plan, run_all
+
+__all__ = ["BENCH_MODEL", "build_parser", "ensure_bench_model", "main", "run"]
+
+DEFAULT_MODEL = ROOT / "models" / "fraud-mlp.onnx"
+BENCH_MODEL = ROOT / "models" / "fraud-mlp-bench.onnx"
+BENCH_MODEL_ARGS = ["--bench-depth", "2000", "--name", "fraud-mlp-bench", "--out", str(BENCH_MODEL)]
+KAFKA_LOCAL = ROOT / "scripts" / "kafka_local.py"
+console = Console(stderr=True)
+
+
+def ensure_bench_model() -> Path:
+    """Build the benchmark model with the model script if it is missing (deterministic, ~5 s)."""
+    if not BENCH_MODEL.exists():
+        console.print(f"building the benchmark model {BENCH_MODEL.name} ...")
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "train_model.py"), *BENCH_MODEL_ARGS], check=True,
+                       cwd=ROOT)
+    return BENCH_MODEL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small and short: checks the harness, not speed")
+    parser.add_argument("--bootstrap", help="use this broker (host:port) instead of the local one")
+    parser.add_argument("--out", type=Path, default=ROOT / ".data" / "bench", help="folder for JSON and plots")
+    parser.add_argument("--write", type=Path, help="replace the 'End to end' section of this Markdown file")
+    parser.add_argument("--models", help="comma separated: default, bench (default: both; with --quick: default)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma separated subset of {','.join(MODES)}")
+    parser.add_argument("--seam-env", action="append", default=[], metavar="SEAM_NAME=VALUE",
+                        help="a setting for the seam modes (repeatable), e.g. SEAM_MAX_INFLIGHT_BATCHES=8")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--report-only", type=Path, metavar="JSON",
+                        help="measure nothing: write the plots and Markdown of an earlier results file")
+    return parser
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    paths = {"default": DEFAULT_MODEL, "bench": BENCH_MODEL}
+    names = [m for m in (args.models or ("default" if args.quick else "default,bench")).split(",") if m]
+    unknown = [m for m in names if m not in paths] + [m for m in args.modes.split(",") if m and m not in MODES]
+    if unknown:
+        raise SystemExit(f"bench: unknown model or mode {unknown}")
+    ensure_bench_model()
+    modes = tuple(m for m in MODES if m in args.modes.split(","))
+    models = {m: paths[m] for m in names}
+    seam_env = dict(item.split("=", 1) for item in args.seam_env)
+    if any(not name.startswith("SEAM_") for name in seam_env):
+        raise SystemExit(f"bench: --seam-env takes SEAM_NAME=VALUE, got {args.seam_env}")
+    if args.quick:
+        return Plan(models, paths, modes, quick=True, sat_records=1_000, sat_cap_s=30.0, ceiling_records=20_000,
+                    loads=(0.5,), load_seconds=1.5, warmup_s=0.5, drain_cap_s=2.0, ort_seconds=0.02, cards=500,
+                    seam_env=seam_env)
+    return Plan(models, paths, modes, seam_env=seam_env)
+
+
+class LocalBroker:
+    """The broker of ``scripts/kafka_local.py`` on $KAFKA_PORT; started (and later stopped) only if needed."""
+
+    def __init__(self) -> None:
+        self.port = int(os.environ.get("KAFKA_PORT", "9092"))
+        self.started = False
+
+    def _call(self, action: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(KAFKA_LOCAL), action, "--port", str(self.port)],
+                              capture_output=True, text=True, cwd=ROOT)
+
+    def __enter__(self) -> str:
+        if self._call("status").returncode != 0:
+            up = self._call("up")
+            if up.returncode != 0:
+                raise SystemExit(f"bench: could not start Kafka:\n{up.stdout}{up.stderr}")
+            self.started = True
+        return f"127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.started:
+            self._call("down")
+
+
+async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[str, Any]:
+    """Run the plan against ``bootstrap``; write the JSON, the plots and the Markdown section."""
+    from bench import report
+
+    plan = make_plan(args)
+    started = time.monotonic()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with tempfile.TemporaryDirectory(prefix="seam-bench-") as tmp, Progress(*columns, console=console) as progress:
+        results = await run_all(plan, bootstrap, Path(tmp), progress, progress.console.print)
+    results["plan"] = {name: getattr(plan, name) for name in (
+        "quick", "sat_records", "sat_cap_s", "ceiling_records", "load_seconds", "warmup_s", "drain_cap_s", "cards")}
+    results["plan"]["loads"] = list(plan.loads)
+    results["plan"]["seam_env"] = plan.seam_env
+    results["command"] = command
+    results["duration_s"] = round(time.monotonic() - started, 1)
+    results["machine"] = report.machine()
+    results["models"] = {name: report.model_info(path) for name, path in plan.ort_models.items()}
+    results["targets"] = report.targets(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report.write_json(results, args.out / "bench-results.json")
+    if not args.no_plots:
+        report.plots(results, args.out)
+    if args.write:
+        report.write_markdown(results, args.write, args.out)
+    print(report.markdown(results, args.out))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.report_only:
+        from bench import report
+
+        results = json.loads(args.report_only.read_text())
+        args.out.mkdir(parents=True, exist_ok=True)
+        if not args.no_plots:
+            report.plots(results, args.out)
+        if args.write:
+            report.write_markdown(results, args.write, args.out)
+        print(report.markdown(results, args.out))
+        return 0
+    command = " ".join([".venv/bin/python -m bench", shlex.join(argv)]).strip()
+    if args.bootstrap:
+        asyncio.run(run(args, command, args.bootstrap))
+        return 0
+    with LocalBroker() as bootstrap:
+        asyncio.run(run(args, command, bootstrap))
+    return 0

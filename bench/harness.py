@@ -1,0 +1,390 @@
+"""Run every benchmark mode on one broker, one after the other, and collect the results.
+
+Per pipeline mode and model, one worker process on fresh topics:
+
+1. **Saturation:** the same pre-loaded transactions (``Plan.sat_records``) wait in the input topic when the
+   worker starts; throughput is outputs over the span of their broker timestamps (first to last), so
+   start-up is excluded. A mode that has not drained them after ``Plan.sat_cap_s`` is measured on what it
+   produced by then.
+2. **Latency:** open-loop load (``app.loadgen``: a fixed schedule, whether or not the mode keeps up) at
+   fractions of seam's (adaptive) saturation rate for this model, ``Plan.load_seconds`` each. Latency is the
+   prediction's broker append time minus the input record's timestamp. Inputs still unanswered
+   ``Plan.drain_cap_s`` after the load stops count at their age then, as lower bounds.
+
+A backlog left by a mode that could not keep up is deleted from the input topic (``delete_records``) before
+the next phase, so each phase starts from an empty queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka.partitioner import murmur2
+from rich.progress import Progress, TaskID
+
+from app.loadgen import produce
+from app.synthetic import TransactionGenerator
+from bench.job import Expected, compare, load_model, reference
+from bench.kafka import (
+    PARTITIONS,
+    OffsetWatch,
+    create_topics,
+    drop_backlog,
+    end_offsets,
+    produce_inputs,
+    read_range,
+)
+from bench.ort import BATCH_SIZES, measure_model
+
+__all__ = ["MODES", "Plan", "run_all"]
+
+ROOT = Path(__file__).resolve().parent.parent
+CEILING = "ceiling-a"
+MODES = (CEILING, "seam-adaptive", "seam-fixed", "seam-stream", "async", "naive", "quix")
+PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures and for how long."""
+
+    models: dict[str, Path]
+    ort_models: dict[str, Path]
+    modes: tuple[str, ...] = MODES
+    quick: bool = False
+    sat_records: int = 50_000
+    sat_cap_s: float = 6.0
+    ceiling_records: int = 150_000
+    loads: tuple[float, ...] = (0.25, 0.5, 0.8)
+    load_seconds: float = 6.0
+    warmup_s: float = 1.0
+    drain_cap_s: float = 3.0
+    ort_seconds: float = 0.25
+    cards: int = 5000
+    seed: int = 1
+    start_timeout_s: float = 90.0
+    seam_env: dict[str, str] = field(default_factory=dict)  # extra SEAM_* settings for the seam modes
+
+
+class Worker:
+    """A benchmark process with its log file, stopped by PID (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._out = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+
+    def check(self) -> None:
+        if self.proc.poll() is not None:
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+            raise RuntimeError(f"{self.log.stem} exited with {self.proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+
+
+@dataclass
+class Run:
+    """One mode with one model on its own topics."""
+
+    mode: str
+    model: str
+    model_path: Path
+    bootstrap: str
+    workdir: Path
+    seam_env: dict[str, str] = field(default_factory=dict)
+    suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    worker: Worker | None = None
+
+    @property
+    def app_id(self) -> str:
+        return f"bench-{self.mode}-{self.model}-{self.suffix}"
+
+    def topic(self, kind: str) -> str:
+        return f"bench-{kind}-{self.mode}-{self.model}-{self.suffix}"
+
+    async def create_topics(self) -> None:
+        changelogs = [f"{self.app_id}-{t}-changelog" for t in ("card-state", "watermarks")]
+        await create_topics(self.bootstrap, [], compacted=changelogs,
+                            log_append_time=[self.topic(k) for k in ("tx", "pred", "dlq", "late")])
+
+    def start(self) -> Worker:
+        """Start the mode's process (again, after stop(): same state folder, group and topics)."""
+        self.worker = Worker(*self._command(), self.workdir / f"{self.mode}-{self.model}.log")
+        return self.worker
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("SEAM_", "BENCH_"))}
+        data = self.workdir / self.app_id
+        data.mkdir(parents=True, exist_ok=True)
+        if self.mode == CEILING:
+            argv = [sys.executable, "-m", "bench.passthrough", self.bootstrap, self.topic("tx"), self.topic("pred"),
+                    str(10**12)]
+            return argv, base
+        if self.mode.startswith("seam"):
+            env = base | {
+                "SEAM_BROKER_URL": f"kafka://{self.bootstrap}", "SEAM_APP_ID": self.app_id,
+                "SEAM_INPUT_TOPIC": self.topic("tx"), "SEAM_PREDICTIONS_TOPIC": self.topic("pred"),
+                "SEAM_DLQ_TOPIC": self.topic("dlq"), "SEAM_LATE_TOPIC": self.topic("late"),
+                "SEAM_DATA_DIR": str(data), "SEAM_WEB_PORT": str(_free_port()), "SEAM_MODEL_PATH": str(self.model_path),
+                "SEAM_TOPIC_PARTITIONS": str(PARTITIONS),
+                "SEAM_ADAPTIVE_BATCHING": "false" if self.mode == "seam-fixed" else "true",
+                "SEAM_INGEST": "stream" if self.mode == "seam-stream" else "batch",
+            } | self.seam_env
+            return [sys.executable, "-m", "app", "worker", "-l", "warn"], env
+        env = base | {
+            "BENCH_MODE": self.mode, "BENCH_BROKER": f"kafka://{self.bootstrap}", "BENCH_APP_ID": self.app_id,
+            "BENCH_INPUT": self.topic("tx"), "BENCH_PREDICTIONS": self.topic("pred"), "BENCH_DLQ": self.topic("dlq"),
+            "BENCH_LATE": self.topic("late"), "BENCH_DATA_DIR": str(data), "BENCH_MODEL": str(self.model_path),
+        }
+        if self.mode == "quix":
+            return [sys.executable, "-m", "bench.quix_app"], env
+        return [sys.executable, "-m", "bench.faust_app", "worker", "-l", "warn", "--without-web"], env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _id_of(value: bytes) -> str:
+    return str(orjson.loads(value)["id"])
+
+
+class Bench:
+    """Runs the plan against one broker; ``results`` is the JSON document."""
+
+    def __init__(self, plan: Plan, bootstrap: str, workdir: Path, progress: Progress) -> None:
+        self.plan, self.bootstrap, self.workdir, self.progress = plan, bootstrap, workdir, progress
+        generator = TransactionGenerator(cards=plan.cards, seed=plan.seed, late_rate=0.0, id_prefix="bench")
+        n = max(plan.sat_records, plan.ceiling_records if CEILING in plan.modes else 0)
+        transactions = [next(generator)[0] for _ in range(n)]
+        self.inputs = [(t["card_id"].encode(), orjson.dumps(t)) for t in transactions]
+        self.partitions = [(murmur2(key) & 0x7FFFFFFF) % PARTITIONS for key, _ in self.inputs]
+        self.after_inputs = generator  # the load phases continue the same stream
+        self.saturation: dict[str, float] = {}
+        self._references: dict[tuple[str, int], Expected] = {}
+        self._tags: dict[str, str] = {}
+        pipelines = len([m for m in plan.modes if m != CEILING])
+        steps = 2 * (pipelines * len(plan.models) + (CEILING in plan.modes))
+        self.overall = progress.add_task("benchmark", total=steps)
+
+    def _tick(self, task: TaskID, _size: int) -> None:
+        self.progress.advance(task)
+
+    def _advance(self, weight: float = 1.0) -> None:
+        self.progress.advance(self.overall, weight)
+
+    def ort_ceiling(self) -> dict[str, list[dict[str, float]]]:
+        out = {}
+        for name, path in self.plan.ort_models.items():
+            task = self.progress.add_task(f"ONNX Runtime alone, {name}", total=len(BATCH_SIZES))
+            out[name] = measure_model(str(path), self.plan.ort_seconds, functools.partial(self._tick, task))
+            self.progress.remove_task(task)
+        return out
+
+    async def mode(self, mode: str, model: str, loads_from: str) -> dict[str, Any]:
+        """Saturation, correctness and latency of one mode with one model."""
+        run = Run(mode, model, self.plan.models[model], self.bootstrap, self.workdir, self.plan.seam_env)
+        started = time.monotonic()
+        count = self.plan.ceiling_records if mode == CEILING else self.plan.sat_records
+        await run.create_topics()
+        await produce_inputs(self.bootstrap, run.topic("tx"), self.inputs[:count])
+        run.start()
+        try:
+            async with OffsetWatch(self.bootstrap, run.topic("pred")) as watch:
+                result = await self._saturate(run, watch, count)
+                self._advance()
+                own = result["saturation"]["events_per_s"]
+                if mode != CEILING:
+                    self.saturation.setdefault(f"{mode}/{model}", own)
+                base = self.saturation.get(loads_from, 0.0)
+                generator = copy.deepcopy(self.after_inputs)
+                backlog = not result["saturation"]["drained"]
+                result["latency"] = []
+                for fraction in self.plan.loads if base else ():
+                    rate = fraction * base
+                    self._advance(1 / len(self.plan.loads))
+                    if round(rate) > own:
+                        # Above the mode's own saturation rate its queue grows for as long as the load lasts:
+                        # any latency measured would only say how long the phase ran.
+                        result["latency"].append({"load": fraction, "offered_per_s": round(rate), "overloaded": True})
+                        continue
+                    if backlog:
+                        await self._restart(run, watch, generator)
+                    point = await self._load(run, watch, generator, fraction, rate)
+                    result["latency"].append(point)
+                    backlog = point["unanswered"] > 0
+        finally:
+            run.stop()
+        result["wall_s"] = round(time.monotonic() - started, 1)
+        return result
+
+    async def _restart(self, run: Run, watch: OffsetWatch, generator: TransactionGenerator) -> None:
+        """Start the next phase from an empty queue: delete the backlog, restart the worker, wait for it."""
+        await drop_backlog(self.bootstrap, run.topic("tx"))
+        run.stop()  # also drops what the worker had fetched but not processed
+        worker = run.start()
+        before = await watch.total()
+        probe = next(generator)[0]
+        await produce_inputs(self.bootstrap, run.topic("tx"), [(probe["card_id"].encode(), orjson.dumps(probe))])
+        deadline = time.monotonic() + self.plan.start_timeout_s
+        while await watch.total() <= before:
+            worker.check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{run.mode} did not come back after a restart (log: {worker.log})")
+            await asyncio.sleep(0.2)
+
+    async def _saturate(self, run: Run, watch: OffsetWatch, count: int) -> dict[str, Any]:
+        task = self.progress.add_task(f"{run.mode} ({run.model}): saturation", total=count)
+        deadline = time.monotonic() + self.plan.start_timeout_s
+        first_seen = None
+        total = 0
+        while total < count:
+            assert run.worker is not None
+            run.worker.check()
+            total = await watch.total()
+            self.progress.update(task, completed=total)
+            now = time.monotonic()
+            if total and first_seen is None:
+                first_seen = now
+            if (first_seen is None and now > deadline) or (first_seen and now - first_seen > self.plan.sat_cap_s):
+                break
+            await asyncio.sleep(0.2)
+        self.progress.remove_task(task)
+        if first_seen is None:
+            raise RuntimeError(f"{run.mode} produced nothing in {self.plan.start_timeout_s:.0f} s ({run.workdir})")
+        outputs = await read_range(self.bootstrap, run.topic("pred"), {}, await watch.offsets())
+        stamps = [ts for ts, _ in outputs]
+        span_s = max(1e-3, (max(stamps) - min(stamps)) / 1000)
+        result: dict[str, Any] = {"saturation": {
+            "events_per_s": round((len(outputs) - 1) / span_s), "inputs": count, "outputs": len(outputs),
+            "span_s": round(span_s, 3), "drained": len(outputs) >= count}}
+        if run.mode != CEILING:
+            result["correctness"] = self.check(run.model, [v for _, v in outputs], count)
+        return result
+
+    def check(self, model: str, values: list[bytes], count: int) -> dict[str, Any]:
+        """Compare a mode's predictions with the reference features and scores of the inputs it answered."""
+        expected = self._reference(model, count)
+        return compare(expected, self._tags[model], values)
+
+    def _reference(self, model: str, count: int) -> Expected:
+        key = (model, count)
+        if key not in self._references:
+            runtime = load_model(str(self.plan.models[model]))
+            self._tags[model] = runtime.info.tag
+            self._references[key] = reference(
+                zip(self.partitions[:count], (v for _, v in self.inputs[:count]), strict=True), runtime)
+        return self._references[key]
+
+    async def _load(self, run: Run, watch: OffsetWatch, generator: TransactionGenerator, fraction: float,
+                    rate: float) -> dict[str, Any]:
+        label = f"{run.mode} ({run.model}): {fraction:.0%} load, {rate:,.0f}/s"
+        task = self.progress.add_task(label, total=int(rate * (self.plan.warmup_s + self.plan.load_seconds)))
+        start, in_start = await watch.offsets(), await end_offsets(self.bootstrap, run.topic("tx"))
+        sent: dict[str, int] = {}
+        # The first warmup_s seconds at this rate are not measured: the worker has just drained a backlog.
+        measure_from_ms = int(time.time() * 1000 + self.plan.warmup_s * 1000)
+
+        def on_sent(tx: dict[str, Any], ts_ms: int) -> None:
+            if ts_ms >= measure_from_ms:
+                sent[tx["id"]] = ts_ms
+
+        report = await produce(self.bootstrap, run.topic("tx"), rate=rate,
+                               duration_s=self.plan.warmup_s + self.plan.load_seconds, generator=generator,
+                               partitions=PARTITIONS, on_sent=on_sent,
+                               on_progress=lambda done, _total: self.progress.update(task, completed=done))
+        self.progress.remove_task(task)
+        deadline = time.monotonic() + self.plan.drain_cap_s
+        while time.monotonic() < deadline and await watch.total() - sum(start.values()) < report.sent:
+            assert run.worker is not None
+            run.worker.check()
+            await asyncio.sleep(0.1)
+        cutoff_ms = int(time.time() * 1000)
+        outputs = await read_range(self.bootstrap, run.topic("pred"), start, await watch.offsets())
+        # The inputs' own broker timestamps: latency starts when the input record reached Kafka.
+        inputs = await read_range(self.bootstrap, run.topic("tx"), in_start,
+                                  await end_offsets(self.bootstrap, run.topic("tx")))
+        appended = {tx_id: ts for ts, tx_id in ((ts, _id_of(v)) for ts, v in inputs) if tx_id in sent}
+        answered: dict[str, int] = {}
+        for ts, value in outputs:
+            tx_id = _id_of(value)
+            if tx_id in appended and tx_id not in answered:
+                answered[tx_id] = ts - appended[tx_id]
+        censored = [cutoff_ms - ts for tx_id, ts in appended.items() if tx_id not in answered]
+        lag = np.asarray([appended[i] - sent[i] for i in appended], dtype=np.float64)
+        per_second: dict[int, list[int]] = {}
+        for tx_id, latency in answered.items():
+            per_second.setdefault((sent[tx_id] - measure_from_ms) // 1000, []).append(latency)
+        result = {"load": fraction, "offered_per_s": round(rate), "sent": len(sent),
+                  "send_rate": round(report.rate), "answered": len(answered), "unanswered": len(censored),
+                  "send_lag_ms": {"p50": float(np.percentile(lag, 50)), "p99": float(np.percentile(lag, 99))}
+                  if len(lag) else {},
+                  "p99_ms_by_second": [round(float(np.percentile(v, 99)), 1) for _, v in sorted(per_second.items())],
+                  **latency_percentiles(list(answered.values()), censored)}
+        return result
+
+
+def latency_percentiles(observed: list[int], censored: list[int]) -> dict[str, Any]:
+    """Percentiles over answered latencies and unanswered inputs' ages (lower bounds, flagged)."""
+    values = np.asarray(observed + censored, dtype=np.float64)
+    if not len(values):
+        return {}
+    out: dict[str, Any] = {"max_ms": float(values.max()), "lower_bound": []}
+    for name, q in PERCENTILES.items():
+        out[f"{name}_ms"] = round(float(np.percentile(values, q, method="higher")), 2)
+        # The percentile is only a lower bound once it reaches into the unanswered inputs.
+        if len(censored) > (1 - q / 100) * len(values):
+            out["lower_bound"].append(name)
+    return out
+
+
+async def run_all(plan: Plan, bootstrap: str, workdir: Path, progress: Progress,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+    """Ceiling B, then per model: seam adaptive, ceiling A (first model only), the other modes."""
+    bench = Bench(plan, bootstrap, workdir, progress)
+    results: dict[str, Any] = {"ort": bench.ort_ceiling(), "modes": {}}
+    for index, model in enumerate(plan.models):
+        order = [m for m in ("seam-adaptive", CEILING) if m in plan.modes and (index == 0 or m != CEILING)]
+        order += [m for m in plan.modes if m not in order and m != CEILING]
+        results["modes"][model] = {}
+        for mode in order:
+            anchor = f"seam-adaptive/{model}"
+            results["modes"][model][mode] = result = await bench.mode(mode, model, anchor)
+            sat = result["saturation"]
+            log(f"{mode:<14} {model:<8} {sat['events_per_s']:>8,} events/s  "
+                + "  ".join(f"{p['load']:.0%}: p99 {p.get('p99_ms', float('nan')):,.1f} ms" for p in result["latency"]))
+    if CEILING in plan.modes:
+        results["ceiling_a"] = results["modes"][next(iter(plan.models))].pop(CEILING)
+    return results

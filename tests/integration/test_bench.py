@@ -1,0 +1,65 @@
+"""Smoke test of the benchmark harness (``seam bench --quick``) against the real broker.
+
+It checks the harness, never timing: every mode answered every pre-loaded input with exactly the features
+and (within float32 rounding) the scores of the reference, the latency phase ran, and the files were written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.harness import CEILING, MODES
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_bench_runs_every_mode_with_identical_predictions(kafka_bootstrap: str, tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text("# Benchmarks\n\nintro\n\n## Ingestion\n\nkept\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--bootstrap", kafka_bootstrap, "--out", str(tmp_path),
+         "--write", str(doc)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    results = json.loads((tmp_path / "bench-results.json").read_text())
+
+    modes = results["modes"]["default"]
+    assert set(modes) == set(MODES) - {CEILING}
+    for mode, entry in modes.items():
+        check = entry["correctness"]
+        assert check["expected"] == results["plan"]["sat_records"], mode
+        assert check["missing"] == check["unexpected"] == 0, (mode, check)
+        assert check["feature_mismatches"] == check["score_mismatches"] == check["flag_mismatches"] == 0, (mode, check)
+        assert check["wrong_model"] == 0, (mode, check)
+        assert entry["saturation"]["drained"] and entry["saturation"]["events_per_s"] > 0, (mode, entry)
+        (phase,) = entry["latency"]
+        # A mode that saturates below the offered rate is reported as overloaded instead of measured.
+        overloaded = phase["offered_per_s"] > entry["saturation"]["events_per_s"]
+        assert phase.get("overloaded", False) == overloaded, (mode, phase)
+        if not overloaded:
+            assert phase["sent"] > 0 and phase["answered"] > 0 and "p99_ms" in phase, (mode, phase)
+    assert not modes["seam-adaptive"]["latency"][0].get("overloaded")
+    ceiling = results["ceiling_a"]
+    assert ceiling["saturation"]["outputs"] == results["plan"]["ceiling_records"]
+    assert ceiling["latency"][0]["answered"] > 0
+
+    # ONNX Runtime alone: both models, every batch size from 1 to 2048.
+    assert set(results["ort"]) == {"default", "bench"}
+    for rows in results["ort"].values():
+        assert [r["batch_size"] for r in rows] == [2**i for i in range(12)]
+        assert all(r["rows_per_s"] > 0 for r in rows)
+    assert results["models"]["bench"]["tag"] == "fraud-mlp-bench@1"
+    assert {t["target"].split(" (")[0] for t in results["targets"]} >= {"seam ≥ 25 % of ceiling A"}
+
+    for name in ("bench-p99.png", "bench-saturation.png", "bench-ort.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG, name
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nintro\n\n## Ingestion\n\nkept\n")
+    assert "## End to end" in text and "| seam adaptive |" in text and "bench-p99.png" in text

@@ -1,0 +1,85 @@
+"""The benchmark's own logic: the correctness check, latency percentiles with unanswered inputs, Markdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from app.synthetic import TransactionGenerator
+from bench.harness import latency_percentiles
+from bench.job import THRESHOLD, compare, encode_prediction, load_model, prepare, reference, score_one
+from bench.report import replace_section
+from tables.features import Watermark
+
+MODEL = Path(__file__).resolve().parents[2] / "models" / "fraud-mlp.onnx"
+
+
+@pytest.fixture(scope="module")
+def scored() -> tuple[dict, str, list[bytes]]:
+    """Reference results for 300 transactions and the prediction records a correct per-record mode writes."""
+    runtime = load_model(str(MODEL))
+    generator = TransactionGenerator(cards=20, seed=3, late_rate=0.0)
+    records = [(hash(t["card_id"]) % 4, orjson.dumps(t)) for t, _ in (next(generator) for _ in range(300))]
+    expected = reference(records, runtime)
+    watermarks: dict[int, Watermark] = {}
+    states: dict = {}
+    values = []
+    for partition, raw in records:
+        done = prepare(raw, None, topic="t", partition=partition, offset=0,
+                       watermark=watermarks.setdefault(partition, Watermark(60_000)),
+                       load=states.get, store=states.__setitem__)
+        assert done.tx is not None
+        score, infer_ms = score_one(runtime, done.features)
+        values.append(encode_prediction(runtime.info, done.tx, done.features, score, infer_ms))
+    return expected, runtime.info.tag, values
+
+
+def test_per_record_predictions_match_the_reference(scored: tuple[dict, str, list[bytes]]) -> None:
+    expected, tag, values = scored
+    result = compare(expected, tag, values)
+    assert result["expected"] == 300 and result["answered"] == 300
+    assert result["missing"] == result["unexpected"] == result["duplicates"] == 0
+    assert result["feature_mismatches"] == result["score_mismatches"] == result["flag_mismatches"] == 0
+    assert result["wrong_model"] == 0
+
+
+def test_compare_counts_every_kind_of_difference(scored: tuple[dict, str, list[bytes]]) -> None:
+    expected, tag, values = scored
+    bad_features = orjson.loads(values[0])
+    bad_features["features"]["count_60"] += 1
+    bad_score = orjson.loads(values[1])
+    bad_score["score"] = 1.0 - bad_score["score"]
+    bad_score["is_fraud"] = bad_score["score"] >= THRESHOLD
+    other_model = orjson.loads(values[2]) | {"model": "other@1"}
+    stranger = orjson.loads(values[3]) | {"id": "not-an-input"}
+    tampered = [orjson.dumps(bad_features), orjson.dumps(bad_score), orjson.dumps(other_model),
+                orjson.dumps(stranger), *values[4:-1], values[5]]
+    result = compare(expected, tag, tampered)
+    assert result["feature_mismatches"] == 1
+    assert result["score_mismatches"] == 1 and result["max_score_diff"] > 0.01
+    assert result["wrong_model"] == 1
+    assert result["unexpected"] == 1
+    assert result["missing"] == 2  # values[3] became the stranger, values[-1] was dropped
+    assert result["duplicates"] == 1
+
+
+def test_latency_percentiles_flag_lower_bounds() -> None:
+    answered = list(range(1, 101))  # 1..100 ms
+    assert latency_percentiles(answered, [])["p99_ms"] == 100  # the nearest rank at or above
+    assert latency_percentiles(answered, [])["lower_bound"] == []
+    # 5 of 105 inputs never answered, 5000 ms old at the cutoff: p99 and p99.9 reach into them, p50 does not.
+    result = latency_percentiles(answered, [5000] * 5)
+    assert result["p50_ms"] == 53
+    assert result["p99_ms"] == 5000 and set(result["lower_bound"]) == {"p99", "p99.9"}
+
+
+def test_replace_section_keeps_the_other_sections(tmp_path: Path) -> None:
+    doc = tmp_path / "B.md"
+    doc.write_text("# Benchmarks\n\nintro\n\n## Ingestion\n\nold\n\n## Feature engine\n\nkept\n")
+    replace_section(doc, "## Ingestion", "## Ingestion\n\nnew\n")
+    replace_section(doc, "## End to end", "## End to end\n\nadded\n")
+    text = doc.read_text()
+    assert "old" not in text and "## Ingestion\n\nnew\n\n## Feature engine\n\nkept\n" in text
+    assert text.startswith("# Benchmarks\n\nintro\n") and text.endswith("## End to end\n\nadded\n")
