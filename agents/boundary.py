@@ -247,7 +247,8 @@ class ModelBoundary(Generic[T]):
         try:
             await self._finish(batch, dispatched, previous, features, scores, row_errors, infer_s)
         finally:
-            # The slot is free only once the batch is delivered: a stuck delivery stops dispatching,
+            # The slot is free only once the batch is handed over (the pipeline sends its outputs and
+            # acknowledges them when the broker has them): a stuck delivery stops dispatching,
             # and with it submit(), instead of piling up scored batches.
             self._inflight.release()
 

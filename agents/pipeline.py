@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from agents.boundary import BatchResult, ModelBoundary
 from agents.codec import (
@@ -87,7 +88,7 @@ class Pipeline:
         self._lateness_ms = allowed_lateness_ms
         self._on_delivery_failure = on_delivery_failure
         self._write_through = write_through
-        self._routing: set[asyncio.Future[object]] = set()
+        self._pending: set[asyncio.Future[Any]] = set()  # outputs sent, not yet delivered
 
     def forget_partitions(self) -> None:
         """Drop cached state and watermarks (after a rebalance the partitions may belong to others)."""
@@ -132,14 +133,14 @@ class Pipeline:
         delivery = asyncio.ensure_future(await self._outputs.send(batch, topic, record.key, value))
         offset = record.offset
         delivery.add_done_callback(lambda done: self._ack_if_delivered(done, kind, [(batch, offset)]))
-        self._routing.add(delivery)
-        delivery.add_done_callback(self._routing.discard)
+        self._pending.add(delivery)
+        delivery.add_done_callback(self._pending.discard)
 
-    async def routed(self) -> None:
-        """Wait until every dead letter and late record sent so far is delivered (and acknowledged)."""
-        while self._routing:
-            await asyncio.gather(*self._routing, return_exceptions=True)
-            await asyncio.sleep(0)  # the acknowledging callbacks run first, but let them all run
+    async def delivered(self) -> None:
+        """Wait until every output sent so far is delivered (and its records acknowledged or failed)."""
+        while self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+            await asyncio.sleep(0)  # the acknowledging callbacks were added first, but let them all run
 
     def _ack_if_delivered(self, done: asyncio.Future[object], kind: str, acks: list[tuple[RecordBatch, int]]) -> None:
         if done.cancelled() or done.exception() is not None:
@@ -175,10 +176,22 @@ class Pipeline:
                 features=item.features, queue_ms=queue_ms, infer_ms=result.infer_ms, batch_size=size)
             deliveries.append(await outputs.send(
                 item.batch, outputs.predictions_topic, item.tx.card_id.encode(), value))
-        await asyncio.gather(*deliveries)
+        # Not awaited: the boundary's next batch need not wait for the broker. The records are
+        # acknowledged (and so become committable) only once every output is delivered.
+        delivered = asyncio.gather(*deliveries)
+        self._pending.add(delivered)
+        delivered.add_done_callback(self._pending.discard)
+        delivered.add_done_callback(lambda done: self._scored_delivered(done, result))
+
+    def _scored_delivered(self, done: asyncio.Future[Any], result: BatchResult[ScoringItem]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            error = done.exception() if not done.cancelled() else asyncio.CancelledError()
+            assert error is not None
+            self._on_delivery_failure(error)
+            return
         if self._metrics is not None:
             failed = len(result.row_errors)
-            self._metrics.events_out.labels("prediction").inc(size - failed)
+            self._metrics.events_out.labels("prediction").inc(len(result.items) - failed)
             if failed:
                 self._metrics.events_out.labels("dead_letter").inc(failed)
         acks = [(item.batch, item.record.offset) for item in result.items]

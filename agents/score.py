@@ -213,7 +213,7 @@ if settings.ingest == "batch":
             # Intake is held: after these, every record taken is delivered and acknowledged.
             if scoring.boundary is not None:
                 await scoring.boundary.flush()
-            await scoring.pipeline.routed()
+            await scoring.pipeline.delivered()
             writes = cache.flush(trim=False)  # staged: RocksDB gets them when their transactions commit
         else:
             writes = cache.flush()
