@@ -94,8 +94,11 @@ def test_fuzzed_input_is_dead_lettered_and_valid_input_scored(kafka_bootstrap: s
     finally:
         code = worker.stop()
     letters = out[topics.dlq]
+    reasons = Counter(d["reason"] for d in letters)
+    print(f"\nfuzz: {malformed} malformed, {len(valid_ids)} valid; dead letters by reason: "
+          + ", ".join(f"{reason} {count}" for reason, count in sorted(reasons.items())))
     assert alive and code == 0, worker.log_tail()
-    assert Counter(d["reason"] for d in letters) == expected
+    assert reasons == expected
     assert {p["id"] for p in out[topics.predictions]} == valid_ids
     assert len({(d["partition"], d["offset"]) for d in letters}) == malformed  # each source record once
     binary = [d for d in letters if d["value_base64"]]
