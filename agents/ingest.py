@@ -218,6 +218,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self.stale_acks = 0
         self._background_commit: asyncio.Future[None] | None = None
         self._intake = asyncio.Lock()
+        self._committing = asyncio.Lock()
         # Records that arrive after a rebalance but before Faust has sought to the committed offsets
         # may come from a position the consumer took before the previous owner's last commit was
         # visible: they wait for that seek and then pass the read-offset filter like any others.
@@ -256,10 +257,11 @@ class BatchConsumer(faust_aiokafka.Consumer):
             await self._deliver_batch(tp, tp_records, _handlers[tp.topic])
 
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
-        if self.offset_committer is None:
-            return await self._commit_after_hooks(topics, start_new_transaction)
-        async with self._intake:  # a cut: no batch is handled until the transactions commit
-            return await self._commit_after_hooks(topics, start_new_transaction)
+        async with self._committing:  # one at a time, hooks included (a hook may yield mid-flush)
+            if self.offset_committer is None:
+                return await self._commit_after_hooks(topics, start_new_transaction)
+            async with self._intake:  # a cut: no batch is handled until the transactions commit
+                return await self._commit_after_hooks(topics, start_new_transaction)
 
     async def _commit_after_hooks(self, topics: Any, start_new_transaction: bool) -> bool:
         # Runs before Faust computes the committable offsets and flushes the producer, so table

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from itertools import groupby
+from operator import itemgetter
 
 from tables.features import CardState, Watermark, new_state
 
@@ -49,8 +51,9 @@ class StateCache:
         self._dirty: dict[int, set[str]] = {}
         self._watermarks: dict[int, Watermark] = {}
         self._dirty_watermarks: set[int] = set()
-        self._deferred: list[Callable[[], object]] = []
-        self.epoch = 0
+        self._deferred: list[tuple[int, Callable[[], object]]] = []
+        self.epoch = 0  # stamped on changes; a flush writes the changes of the epochs before it
+        self._flushed_epoch = 0  # changes stamped below this are written
         self.flushes = 0
         self.writes = 0
 
@@ -100,11 +103,11 @@ class StateCache:
         self._dirty_watermarks.add(partition)
 
     def ack_when_flushed(self, stamped_epoch: int, ack: Callable[[], object]) -> None:
-        """Run ``ack`` now if the change stamped ``stamped_epoch`` is flushed, else after the next flush."""
-        if stamped_epoch < self.epoch:
+        """Run ``ack`` now if the change stamped ``stamped_epoch`` is flushed, else once it is."""
+        if stamped_epoch < self._flushed_epoch:
             ack()
         else:
-            self._deferred.append(ack)
+            self._deferred.append((stamped_epoch, ack))
 
     def flush(self, *, trim: bool = True) -> int:
         """Write every changed state and watermark to the tables; release held acks; return writes.
@@ -113,30 +116,54 @@ class StateCache:
         writes do not reach the table at once (a transaction), so the table must not be read for
         them yet; it calls :meth:`trim` once they have.
         """
+        epoch, cards, watermarks = self._take_dirty()
+        writes = self._write(cards) + self._write_watermarks(watermarks)
+        self._flushed(epoch, writes, trim)
+        return writes
+
+    def _take_dirty(self) -> tuple[int, list[tuple[int, str]], list[int]]:
+        cards = [(partition, card_id) for partition, ids in self._dirty.items() for card_id in ids]
+        watermarks = list(self._dirty_watermarks)
+        self._dirty = {}
+        self._dirty_watermarks = set()
+        epoch = self.epoch
+        self.epoch += 1  # changes from now on belong to the next flush
+        return epoch, cards, watermarks
+
+    def _write(self, cards: list[tuple[int, str]]) -> int:
         writes = 0
-        for partition, card_ids in self._dirty.items():
-            cards = self._cards[partition]
+        for partition, group in groupby(cards, key=itemgetter(0)):
+            cached = self._cards.get(partition)
+            if cached is None:
+                continue  # forgotten (revoked) meanwhile: redelivered records recompute it
             with self._scope(partition):
-                for card_id in card_ids:
-                    self._store_card(card_id, cards[card_id])
-            writes += len(card_ids)
-        for partition in self._dirty_watermarks:
-            max_ts = self._watermarks[partition].max_ts
-            if max_ts is not None:
+                for _, card_id in group:
+                    state = cached.get(card_id)
+                    if state is not None:
+                        self._store_card(card_id, state)
+                        writes += 1
+        return writes
+
+    def _write_watermarks(self, partitions: list[int]) -> int:
+        writes = 0
+        for partition in partitions:
+            watermark = self._watermarks.get(partition)
+            if watermark is not None and watermark.max_ts is not None:
                 with self._scope(partition):
-                    self._store_watermark(max_ts)
+                    self._store_watermark(watermark.max_ts)
                 writes += 1
-        self._dirty.clear()
-        self._dirty_watermarks.clear()
-        self.epoch += 1
+        return writes
+
+    def _flushed(self, epoch: int, writes: int, trim: bool) -> None:
+        self._flushed_epoch = epoch + 1
         self.flushes += 1
         self.writes += writes
-        deferred, self._deferred = self._deferred, []
-        for ack in deferred:
+        ready = [ack for stamped, ack in self._deferred if stamped <= epoch]
+        self._deferred = [(stamped, ack) for stamped, ack in self._deferred if stamped > epoch]
+        for ack in ready:
             ack()
         if trim:
             self.trim()
-        return writes
 
     def trim(self) -> None:
         """Drop the cached states if there are more than ``max_clean_cards`` and none is dirty."""

@@ -414,3 +414,4 @@ def test_a_restored_card_behind_the_watermark_leaves_it_alone(
     cache.card(0, "c")
     assert cache.watermark(0).max_ts == T + 5_000
     assert cache.flush() == 0
+
