@@ -40,7 +40,8 @@ pyproject.toml; ``tests/unit/test_ingest_internals.py`` fails loudly if any of t
   ``_filter_committable_offsets``, ``_filter_tps_with_pending_acks`` (offsets for transactions),
   ``_new_consumer_thread``;
 * ``faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's
-  ``AIOKafkaConsumer._isolation_level`` (read before ``start()``), for ``read_committed``;
+  ``AIOKafkaConsumer._isolation_level``, ``_fetch_min_bytes`` and ``_fetch_max_wait_ms`` (read
+  before ``start()``), for ``read_committed`` and the fetch options;
 * ``Store._encode_key``, ``_encode_value``, ``_set`` and ``set_persisted_offset`` (in
   :mod:`agents.transactions`: state written only once its transaction commits);
 * ``faust.transport.consumer.ack_lock``;
@@ -67,6 +68,7 @@ __all__ = [
     "Acker",
     "BatchConsumer",
     "BatchTransport",
+    "FetchOptions",
     "RawRecord",
     "RecordBatch",
     "SkipCommit",
@@ -195,12 +197,27 @@ def table_partition(topic: str, partition: int) -> Iterator[None]:
         _current_event.reset(token)
 
 
-class _ReadCommittedThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread, reading only committed transactions (and skipping aborted ones)."""
+@dataclass(frozen=True, slots=True)
+class FetchOptions:
+    """How the consumer fetches: a fetch waits up to ``max_wait_ms`` for ``min_bytes`` of records."""
+
+    min_bytes: int = 1
+    max_wait_ms: int = 1500  # Faust's own choice
+    read_committed: bool = False
+
+
+class _TunedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread with seam's fetch options (and read_committed for transactions)."""
+
+    options = FetchOptions()
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        consumer._isolation_level = "read_committed"  # read by start(), which has not run yet
+        # Read by start(), which has not run yet.
+        consumer._fetch_min_bytes = self.options.min_bytes
+        consumer._fetch_max_wait_ms = self.options.max_wait_ms
+        if self.options.read_committed:
+            consumer._isolation_level = "read_committed"
         return consumer
 
 
@@ -219,6 +236,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self._background_commit: asyncio.Future[None] | None = None
         self._intake = asyncio.Lock()
         self._committing = asyncio.Lock()
+        self.transaction_offsets: dict[TP, int] = {}  # offsets this worker committed in transactions
         # Records that arrive after a rebalance but before Faust has sought to the committed offsets
         # may come from a position the consumer took before the previous owner's last commit was
         # visible: they wait for that seek and then pass the read-offset filter like any others.
@@ -227,9 +245,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self._held_epoch = 0
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
-        if self.offset_committer is None:
-            return super()._new_consumer_thread()
-        return _ReadCommittedThread(self, loop=self.loop, beacon=self.beacon)
+        return _TunedConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         if revoked and _revoke_hooks:
@@ -246,8 +262,24 @@ class BatchConsumer(faust_aiokafka.Consumer):
     async def perform_seek(self) -> None:
         epoch = self.epoch
         await super().perform_seek()
+        if self.offset_committer is not None:
+            await self._seek_past_own_commits()
         if self.epoch == epoch:
             self._sought_epoch = epoch
+
+    async def _seek_past_own_commits(self) -> None:
+        # A transaction's offsets become visible once the broker has written its commit markers,
+        # after commit_transaction() returns; a seek right after it (a rebalance) can read the
+        # previous offsets. What this worker committed itself is certain: never go back before it.
+        assigned = self.assignment()
+        for tp, offset in self.transaction_offsets.items():
+            committed = self._committed_offset[tp]
+            if tp in assigned and (committed is None or committed < offset):
+                logger.info("%s: committed offset read as %s, but this worker's transaction committed %d; "
+                            "resuming there", tp, committed, offset)
+                self._committed_offset[tp] = offset
+                self._read_offset[tp] = offset
+                await self.seek(tp, offset)
 
     async def _deliver_held(self) -> None:
         held, self._held = self._held, {}
@@ -289,6 +321,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
             return False
         if committed:
             self._committed_offset.update(offsets)
+            self.transaction_offsets.update(offsets)
         return committed
 
     def ack_offsets(self, tp: TP, offsets: Iterable[int], epoch: int) -> int:
@@ -405,12 +438,14 @@ class BatchTransport(faust_aiokafka.Transport):
     Consumer = BatchConsumer
 
 
-def install(app: AppT, *, commit_offsets: OffsetCommitter | None = None) -> None:
+def install(app: AppT, *, commit_offsets: OffsetCommitter | None = None, fetch: FetchOptions | None = None) -> None:
     """Make ``app`` consume through :class:`BatchConsumer` (call before the worker starts).
 
     With ``commit_offsets``, that function commits the offsets (in transactions), every commit holds
-    intake, and the consumer reads ``read_committed``.
+    intake, and the consumer reads ``read_committed``. ``fetch`` sets how records are fetched.
     """
     global _offset_committer
     _offset_committer = commit_offsets
+    options = fetch or FetchOptions()
+    _TunedConsumerThread.options = FetchOptions(options.min_bytes, options.max_wait_ms, commit_offsets is not None)
     app.transport = BatchTransport(app.conf.broker_consumer, app)

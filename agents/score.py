@@ -196,7 +196,8 @@ if settings.ingest == "batch":
             scoring.pipeline.cache.trim()  # the committed states are in RocksDB now
         return committed
 
-    ingest.install(app, commit_offsets=None if transactions is None else _commit_transactions)
+    ingest.install(app, commit_offsets=None if transactions is None else _commit_transactions,
+                   fetch=ingest.FetchOptions(settings.fetch_min_bytes, settings.fetch_max_wait_ms))
 
     @ingest.before_revoke
     async def _flush_boundary() -> None:

@@ -46,6 +46,10 @@ class Settings:
     commit_interval_s: float = 1.0
     # How long the group waits for a silent worker (killed, partitioned) before moving its partitions.
     session_timeout_s: float = 10.0
+    # A fetch waits up to fetch_max_wait_ms for fetch_min_bytes of new records: fewer, larger
+    # batches under load (less per-batch work) for at most that much added latency.
+    fetch_min_bytes: int = 1
+    fetch_max_wait_ms: int = 1500
     # batch: per-partition lists beneath Faust's per-event path; stream: a plain Faust agent.
     ingest: str = "batch"
     # at_least_once: after a crash some outputs are produced again (consumers de-duplicate by id);
@@ -104,6 +108,10 @@ class Settings:
             raise SettingsError(f"SEAM_FRAUD_THRESHOLD must be in [0, 1], got {self.fraud_threshold}")
         if self.commit_interval_s <= 0:
             raise SettingsError(f"SEAM_COMMIT_INTERVAL_S must be > 0, got {self.commit_interval_s}")
+        if self.fetch_min_bytes < 1:
+            raise SettingsError(f"SEAM_FETCH_MIN_BYTES must be >= 1, got {self.fetch_min_bytes}")
+        if self.fetch_max_wait_ms < 0:
+            raise SettingsError(f"SEAM_FETCH_MAX_WAIT_MS must be >= 0, got {self.fetch_max_wait_ms}")
         if self.session_timeout_s < 1:
             raise SettingsError(f"SEAM_SESSION_TIMEOUT_S must be >= 1, got {self.session_timeout_s}")
         if self.topic_partitions < 1:

@@ -85,12 +85,20 @@ class ChangelogWriter:
         writes, self._writes = self._writes, []
         if not writes:
             return 0
+        # One table after the other, in the order of their first write, each acknowledged before the
+        # next is sent: the state cache writes cards before watermarks, so a crash mid-flush can leave
+        # a card newer than its watermark (which the cache repairs on load) but never the reverse,
+        # which would route its redelivered events late.
+        tables: dict[Any, list[Write]] = {}
+        for write in writes:
+            tables.setdefault(write[0], []).append(write)
         try:
-            deliveries = [await self._send(table.changelog_topic.get_topic_name(), key, value, partition)
-                          for table, partition, key, value in writes]
-            metadata = await asyncio.gather(*deliveries)
+            for group in tables.values():
+                deliveries = [await self._send(table.changelog_topic.get_topic_name(), key, value, partition)
+                              for table, partition, key, value in group]
+                metadata = await asyncio.gather(*deliveries)
+                persist_offsets(group, (m.offset for m in metadata))
         except BaseException as exc:
             self.failed = exc
             raise
-        persist_offsets(writes, (m.offset for m in metadata))
         return len(writes)

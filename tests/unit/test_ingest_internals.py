@@ -141,8 +141,9 @@ def test_exactly_once_internals_keep_their_shape() -> None:
     assert list(inspect.signature(faust_aiokafka.Consumer._new_consumer_thread).parameters) == ["self"]
     creator = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
     assert list(inspect.signature(creator).parameters) == ["self", "transport"]
-    assert "self._isolation_level = isolation_level" in inspect.getsource(AIOKafkaConsumer.__init__)
-    assert "isolation_level=self._isolation_level" in inspect.getsource(AIOKafkaConsumer.start)
+    for name in ("isolation_level", "fetch_min_bytes", "fetch_max_wait_ms"):
+        assert f"self._{name} = {name}" in inspect.getsource(AIOKafkaConsumer.__init__), name
+        assert f"{name}=self._{name}" in inspect.getsource(AIOKafkaConsumer.start), name
     for name, params in [("_encode_key", ["self", "key"]), ("_encode_value", ["self", "value"]),
                          ("_set", ["self", "key", "value"]), ("set_persisted_offset", ["self", "tp", "offset"])]:
         assert list(inspect.signature(getattr(RocksStore, name)).parameters) == params, name
