@@ -48,8 +48,8 @@ class Settings:
     session_timeout_s: float = 10.0
     # A fetch waits up to fetch_max_wait_ms for fetch_min_bytes of new records: fewer, larger
     # batches under load (less per-batch work) for at most that much added latency.
-    fetch_min_bytes: int = 1
-    fetch_max_wait_ms: int = 1500
+    fetch_min_bytes: int = 32 * 1024
+    fetch_max_wait_ms: int = 10
     # batch: per-partition lists beneath Faust's per-event path; stream: a plain Faust agent.
     ingest: str = "batch"
     # at_least_once: after a crash some outputs are produced again (consumers de-duplicate by id);
