@@ -236,6 +236,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self._background_commit: asyncio.Future[None] | None = None
         self._intake = asyncio.Lock()
         self._committing = asyncio.Lock()
+        self._handed: dict[TP, int] = {}  # per partition, the offset after the last record handed over this epoch
         self.transaction_offsets: dict[TP, int] = {}  # offsets this worker committed in transactions
         # Records that arrive after a rebalance but before Faust has sought to the committed offsets
         # may come from a position the consumer took before the previous owner's last commit was
@@ -257,6 +258,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
             await self.commit()
         # Any batch fetched before this point may no longer be ours: its acks are dropped.
         self.epoch += 1
+        self._handed.clear()
         await super().on_partitions_revoked(revoked)
 
     async def perform_seek(self) -> None:
@@ -286,7 +288,9 @@ class BatchConsumer(faust_aiokafka.Consumer):
         if self._held_epoch != self.epoch:
             return  # another rebalance since: these may not even be ours
         for tp, tp_records in held.items():
-            await self._deliver_batch(tp, tp_records, _handlers[tp.topic])
+            # The same records can have been fetched (and held) twice, around Faust's seeks.
+            unique = sorted({record.offset: record for record in tp_records}.values(), key=lambda r: r.offset)
+            await self._deliver_batch(tp, unique, _handlers[tp.topic])
 
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
         async with self._committing:  # one at a time, hooks included (a hook may yield mid-flush)
@@ -344,13 +348,14 @@ class BatchConsumer(faust_aiokafka.Consumer):
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 records, active = await self._wait_next_records(1.0)
+                if self._held and self._sought_epoch == self.epoch and self.flow_active and not self.should_stop:
+                    # Even if nothing new came: the seek may have left the position past these.
+                    await self._deliver_held()
                 if not records or self.should_stop:
                     continue
                 if not self.flow_active:
                     await self.perform_seek()  # as Faust's getmany: re-read from committed offsets
                     continue
-                if self._held and self._sought_epoch == self.epoch:
-                    await self._deliver_held()
                 generation = self.app.consumer_generation_id
                 for tp, tp_records in records.items():
                     if not self.flow_active or self.app.consumer_generation_id != generation:
@@ -395,18 +400,26 @@ class BatchConsumer(faust_aiokafka.Consumer):
         # sets it (Faust's own loop then stores the last offset read, and lets a re-fetch of that
         # record through again).
         expected = self._read_offset[tp]
-        fresh = tp_records if expected is None else [r for r in tp_records if r.offset >= expected]
-        if not fresh:
-            return
-        for record in fresh:
+        handed = self._handed.get(tp)
+        if handed is not None and (expected is None or handed > expected):
+            # Faust seeks to the committed offsets again at the end of a restore, after records may
+            # already have been handed over in this epoch: never hand the same record over twice.
+            expected = handed
+        fresh = []
+        for record in tp_records:  # in offset order, each once (held records may repeat a fetch)
+            if expected is not None and record.offset < expected:
+                continue
             if expected is not None and record.offset > expected:
                 # Offsets the broker skipped (transaction markers, compaction) count as acknowledged.
                 # Unlike Faust's own loop, the gap ends before this record: it is not acked yet.
                 await self._add_gap(tp, expected, record.offset - 1)
                 if self.epoch != epoch:
                     return  # a rebalance re-positioned the partition meanwhile: these come again
+            fresh.append(record)
             expected = record.offset + 1
-        self._read_offset[tp] = expected
+        if not fresh:
+            return
+        self._read_offset[tp] = self._handed[tp] = fresh[-1].offset + 1
         batch = RecordBatch(tp.topic, tp.partition, fresh, lambda offsets: self.ack_offsets(tp, offsets, epoch),
                             epoch)
         try:
