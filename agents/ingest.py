@@ -123,6 +123,7 @@ RevokeHook = Callable[[], Awaitable[None]]
 _handlers: dict[str, BatchHandler] = {}
 _revoke_hooks: list[RevokeHook] = []
 REVOKE_FLUSH_TIMEOUT_S = 10.0
+STOP_COMMIT_TIMEOUT_S = 5.0
 
 
 CommitHook = Callable[[], Awaitable[None]]
@@ -293,6 +294,19 @@ class BatchConsumer(faust_aiokafka.Consumer):
             await self._deliver_batch(tp, unique, _handlers[tp.topic])
 
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
+        if not (self.should_stop or self.app.should_stop):
+            return await self._commit_one_at_a_time(topics, start_new_transaction)
+        # Stopping: a commit must not hold shutdown up (the producer or the consumer thread may be
+        # gone). Not committing is safe: the records are delivered again.
+        try:
+            return await asyncio.wait_for(self._commit_one_at_a_time(topics, start_new_transaction),
+                                          STOP_COMMIT_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning("commit while stopping took over %.0fs; skipped (those records are delivered again)",
+                           STOP_COMMIT_TIMEOUT_S)
+            return False
+
+    async def _commit_one_at_a_time(self, topics: Any, start_new_transaction: bool) -> bool:
         async with self._committing:  # one at a time, hooks included (a hook may yield mid-flush)
             if self.offset_committer is None:
                 return await self._commit_after_hooks(topics, start_new_transaction)
