@@ -132,9 +132,22 @@ class Pipeline:
     async def _route(self, batch: RecordBatch, record: RawRecord, kind: str, topic: str, value: bytes) -> None:
         delivery = asyncio.ensure_future(await self._outputs.send(batch, topic, record.key, value))
         offset = record.offset
-        delivery.add_done_callback(lambda done: self._ack_if_delivered(done, kind, [(batch, offset)]))
+        self._track(delivery, lambda done: self._ack_if_delivered(done, kind, [(batch, offset)]))
+
+    def _track(self, delivery: asyncio.Future[Any], on_done: Callable[[asyncio.Future[Any]], None]) -> None:
+        """Count ``delivery`` as pending until it is done; then run ``on_done`` (which acknowledges)."""
+        delivery.add_done_callback(on_done)
         self._pending.add(delivery)
         delivery.add_done_callback(self._pending.discard)
+
+    def _failed(self, done: asyncio.Future[Any]) -> bool:
+        """Report a failed delivery to ``on_delivery_failure``; return whether it failed."""
+        if not done.cancelled() and done.exception() is None:
+            return False
+        error = done.exception() if not done.cancelled() else asyncio.CancelledError()
+        assert error is not None
+        self._on_delivery_failure(error)
+        return True
 
     async def delivered(self) -> None:
         """Wait until every output sent so far is delivered (and its records acknowledged or failed)."""
@@ -142,11 +155,8 @@ class Pipeline:
             await asyncio.gather(*self._pending, return_exceptions=True)
             await asyncio.sleep(0)  # the acknowledging callbacks were added first, but let them all run
 
-    def _ack_if_delivered(self, done: asyncio.Future[object], kind: str, acks: list[tuple[RecordBatch, int]]) -> None:
-        if done.cancelled() or done.exception() is not None:
-            error = done.exception() if not done.cancelled() else asyncio.CancelledError()
-            assert error is not None
-            self._on_delivery_failure(error)
+    def _ack_if_delivered(self, done: asyncio.Future[Any], kind: str, acks: list[tuple[RecordBatch, int]]) -> None:
+        if self._failed(done):
             return
         if self._metrics is not None:
             self._metrics.events_out.labels(kind).inc()
@@ -178,16 +188,10 @@ class Pipeline:
                 item.batch, outputs.predictions_topic, item.tx.card_id.encode(), value))
         # Not awaited: the boundary's next batch need not wait for the broker. The records are
         # acknowledged (and so become committable) only once every output is delivered.
-        delivered = asyncio.gather(*deliveries)
-        self._pending.add(delivered)
-        delivered.add_done_callback(self._pending.discard)
-        delivered.add_done_callback(lambda done: self._scored_delivered(done, result))
+        self._track(asyncio.gather(*deliveries), lambda done: self._scored_delivered(done, result))
 
     def _scored_delivered(self, done: asyncio.Future[Any], result: BatchResult[ScoringItem]) -> None:
-        if done.cancelled() or done.exception() is not None:
-            error = done.exception() if not done.cancelled() else asyncio.CancelledError()
-            assert error is not None
-            self._on_delivery_failure(error)
+        if self._failed(done):
             return
         if self._metrics is not None:
             failed = len(result.row_errors)

@@ -201,6 +201,15 @@ async def collect(
     return out
 
 
+async def collect_outcomes(bootstrap: str, topics: Topics, ids: set[str], timeout_s: float,
+                           read_committed: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Read predictions, late records and dead letters until every id in ``ids`` is scored or late."""
+    return await collect(
+        bootstrap, [topics.predictions, topics.late, topics.dlq],
+        done=lambda o: {p["id"] for p in o[topics.predictions]} | {r["event"]["id"] for r in o[topics.late]} >= ids,
+        timeout_s=timeout_s, read_committed=read_committed)
+
+
 def prepare_topics(bootstrap: str, topics: Topics, partitions: int = 4) -> None:
     asyncio.run(ensure_topics(bootstrap, [topics.input, topics.predictions, topics.dlq, topics.late],
                               partitions))

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaProducer
 
 from app.synthetic import TransactionGenerator
 from tests.conftest import KAFKA_LOCAL, free_port
-from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics
+from tests.integration.kafka_helpers import Topics, Worker, collect_outcomes, encode, prepare_topics
 
 pytestmark = pytest.mark.integration
 
@@ -95,10 +95,8 @@ def test_worker_rides_out_a_broker_restart(broker: Broker, tmp_path: Path, guara
         broker.up()
         producer.join()
         all_ids = {e["id"] for e in events}
-        out = asyncio.run(collect(
-            broker.bootstrap, [topics.predictions, topics.late, topics.dlq],
-            done=lambda o: {p["id"] for p in o[topics.predictions]} | {r["event"]["id"] for r in o[topics.late]}
-            >= all_ids, timeout_s=120, read_committed=guarantee == "exactly_once"))
+        out = asyncio.run(collect_outcomes(broker.bootstrap, topics, all_ids, timeout_s=120,
+                                           read_committed=guarantee == "exactly_once"))
         assert worker.proc.poll() is None, f"the worker exited:\n{worker.log_tail()}"
     finally:
         code = worker.stop()

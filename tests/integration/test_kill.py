@@ -16,7 +16,7 @@ import pytest
 
 from app.synthetic import TransactionGenerator
 from tests.conftest import free_port
-from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw
+from tests.integration.kafka_helpers import Topics, Worker, collect_outcomes, encode, prepare_topics, produce_raw
 from tests.integration.test_pipeline import stream_with_late_and_duplicates, with_partitions
 from tests.reference import Scored, replay
 
@@ -65,10 +65,8 @@ def test_three_sigkills_lose_nothing_and_keep_features_exact(
             worker = Worker(kafka_bootstrap, env, tmp_path / "w0", free_port())
         producer.join()
         all_ids = {e["id"] for e in events}
-        out = asyncio.run(collect(
-            kafka_bootstrap, [topics.predictions, topics.late, topics.dlq],
-            done=lambda o: {p["id"] for p in o[topics.predictions]} | {r["event"]["id"] for r in o[topics.late]}
-            >= all_ids, timeout_s=240, read_committed=exactly_once))
+        out = asyncio.run(collect_outcomes(kafka_bootstrap, topics, all_ids, timeout_s=240,
+                                           read_committed=exactly_once))
     finally:
         producer.join()
         code = worker.stop()
@@ -121,10 +119,7 @@ def test_exactly_once_through_a_join_and_a_sigkill(kafka_bootstrap: str, tmp_pat
         producer.join()
         produce(events[6_000:], 0.2)
         all_ids = {e["id"] for e in events}
-        out = asyncio.run(collect(
-            kafka_bootstrap, [topics.predictions, topics.late, topics.dlq],
-            done=lambda o: {p["id"] for p in o[topics.predictions]} | {r["event"]["id"] for r in o[topics.late]}
-            >= all_ids, timeout_s=180, read_committed=True))
+        out = asyncio.run(collect_outcomes(kafka_bootstrap, topics, all_ids, timeout_s=180, read_committed=True))
     finally:
         first.stop()
         code = second.stop() if second is not None else 0
