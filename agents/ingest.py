@@ -250,16 +250,22 @@ class BatchConsumer(faust_aiokafka.Consumer):
         return _TunedConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        if revoked and _revoke_hooks:
-            try:
-                await asyncio.wait_for(asyncio.gather(*(hook() for hook in _revoke_hooks)), REVOKE_FLUSH_TIMEOUT_S)
-            except TimeoutError:
-                logger.warning("in-flight batches not delivered within %.0fs of revocation; they will be "
-                               "delivered again", REVOKE_FLUSH_TIMEOUT_S)
-            await self.commit()
-        # Any batch fetched before this point may no longer be ours: its acks are dropped.
-        self.epoch += 1
-        self._handed.clear()
+        # Intake closes first: a batch handed over after the in-flight work was delivered, or while
+        # its offsets were committed, would be acknowledged too late and handled again by the next
+        # owner. No commit runs meanwhile either (one may already hold the producer's flush).
+        async with self._committing, self._intake:
+            if revoked:
+                if _revoke_hooks:
+                    try:
+                        await asyncio.wait_for(asyncio.gather(*(hook() for hook in _revoke_hooks)),
+                                               REVOKE_FLUSH_TIMEOUT_S)
+                    except TimeoutError:
+                        logger.warning("in-flight batches not delivered within %.0fs of revocation; they will "
+                                       "be delivered again", REVOKE_FLUSH_TIMEOUT_S)
+                await self._bounded_while_stopping(self._commit_after_hooks(None, True))
+            # Any batch fetched before this point may no longer be ours: its acks are dropped.
+            self.epoch += 1
+            self._handed.clear()
         await super().on_partitions_revoked(revoked)
 
     async def perform_seek(self) -> None:
@@ -294,13 +300,15 @@ class BatchConsumer(faust_aiokafka.Consumer):
             await self._deliver_batch(tp, unique, _handlers[tp.topic])
 
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
+        return await self._bounded_while_stopping(self._commit_one_at_a_time(topics, start_new_transaction))
+
+    async def _bounded_while_stopping(self, commit: Awaitable[bool]) -> bool:
         if not (self.should_stop or self.app.should_stop):
-            return await self._commit_one_at_a_time(topics, start_new_transaction)
+            return await commit
         # Stopping: a commit must not hold shutdown up (the producer or the consumer thread may be
         # gone). Not committing is safe: the records are delivered again.
         try:
-            return await asyncio.wait_for(self._commit_one_at_a_time(topics, start_new_transaction),
-                                          STOP_COMMIT_TIMEOUT_S)
+            return await asyncio.wait_for(commit, STOP_COMMIT_TIMEOUT_S)
         except TimeoutError:
             logger.warning("commit while stopping took over %.0fs; skipped (those records are delivered again)",
                            STOP_COMMIT_TIMEOUT_S)
@@ -391,6 +399,14 @@ class BatchConsumer(faust_aiokafka.Consumer):
             if self.transport.app.should_stop:
                 return
             raise
+        except asyncio.CancelledError:
+            # Faust cancels this loop only to stop the fetcher (the worker is stopping). If that
+            # happens during a rebalance, Faust's fetcher treats the cancel as a restart and calls
+            # its supervisor, which it does not have: the worker would exit with an AttributeError.
+            # Ending the loop normally here is what a stop means anyway.
+            if fetcher_stopped() or consumer_stopped() or self.app.should_stop:
+                return
+            raise
 
     async def _commit_in_background(self) -> None:
         try:
@@ -401,6 +417,14 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
     async def _deliver_batch(self, tp: TP, tp_records: list[Any], handler: BatchHandler) -> None:
         epoch = self.epoch
+        async with self._intake:  # closed while a commit cuts (exactly once) or partitions are revoked
+            if self.epoch != epoch:
+                # Revoked while this waited: the partition is sought to its committed offset again
+                # (here or at its next owner), which these records are not before.
+                return
+            await self._deliver_batch_now(tp, tp_records, handler, epoch)
+
+    async def _deliver_batch_now(self, tp: TP, tp_records: list[Any], handler: BatchHandler, epoch: int) -> None:
         if self._sought_epoch != epoch:  # not yet positioned at the committed offsets since the rebalance
             if self._held_epoch != epoch:
                 self._held, self._held_epoch = {}, epoch
@@ -437,11 +461,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         batch = RecordBatch(tp.topic, tp.partition, fresh, lambda offsets: self.ack_offsets(tp, offsets, epoch),
                             epoch)
         try:
-            if self.offset_committer is None:
-                await handler(batch)
-            else:
-                async with self._intake:
-                    await handler(batch)
+            await handler(batch)
         except Exception as exc:
             logger.exception("batch handler failed on %r; the batch is not acknowledged", batch)
             await self.crash(exc)

@@ -181,11 +181,21 @@ async def _open_transactions(sender: Any, assigned: Any, **kwargs: Any) -> None:
         # Fences a previous owner and aborts what it left open, before the changelogs are read back.
         await transactions.open({tp.partition for tp in assigned if tp.topic == settings.input_topic})
         global _restore_watch
-        if _restore_watch is None or _restore_watch.done():  # user services start only after the restore
+        if (_restore_watch is None or _restore_watch.done()) and not app.should_stop:
+            # Started here, not as a service task: user services start only after the restore it ends.
             _restore_watch = asyncio.ensure_future(release_restores(app))
 
 
 _restore_watch: asyncio.Future[None] | None = None
+
+
+@app.on_before_shutdown.connect  # type: ignore[arg-type]
+async def _stop_restore_watch(sender: Any, **kwargs: Any) -> None:
+    # Owned here: left running, it outlives the consumer and fails once the event loop is closed.
+    watch = _restore_watch
+    if watch is not None and not watch.done():
+        watch.cancel()
+        await asyncio.wait([watch])
 
 
 if settings.ingest == "batch":

@@ -206,7 +206,7 @@ class TransactionalOutputs:
 
 
 async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
-    """Run forever: end restores that have read past their changelog's last record (only markers left).
+    """Until the worker stops: end restores that have read past their changelog's last record (only markers left).
 
     A partition counts as restored when the consumer's position is past Faust's highwater (the
     offset before the end) and its applied offset has not moved for a whole interval, so nothing
@@ -214,7 +214,7 @@ async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
     and ``active_offsets`` (faust-streaming 0.15.3).
     """
     still: dict[Any, int] = {}
-    while True:
+    while not app.should_stop:  # the consumer goes first when the worker stops
         await asyncio.sleep(interval_s)
         recovery = app.tables.recovery
         if not recovery.in_recovery:

@@ -7,12 +7,15 @@ Environment: PT_BROKER (kafka://127.0.0.1:9092), PT_APP_ID, PT_INPUT, PT_OUTPUT,
 PT_MODE (``batch``: seam's batch ingestion, acknowledging after delivery; ``take``: a Faust agent
 using ``stream.take(512)``, Faust acknowledging each event), PT_FAIL_OFFSET (batch mode: the handler
 raises on the batch holding this offset of partition 0, to test that a failed batch is not
-acknowledged). The output value is ``{"p": partition, "o": offset, "id": <input id>}``.
+acknowledged), PT_REVOKE_DELAY_S (batch mode: the revoke hook waits this long, logging
+``revoke hook holding``, so a test can stop the worker in the middle of a rebalance). The output
+value is ``{"p": partition, "o": offset, "id": <input id>}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any
 
@@ -23,6 +26,8 @@ from agents import ingest
 
 MODE = os.environ.get("PT_MODE", "batch")
 FAIL_OFFSET = int(os.environ.get("PT_FAIL_OFFSET", "-1"))
+REVOKE_DELAY_S = float(os.environ.get("PT_REVOKE_DELAY_S", "0"))
+logger = logging.getLogger("passthrough")
 
 app = faust.App(
     os.environ.get("PT_APP_ID", "passthrough"),
@@ -57,6 +62,9 @@ if MODE == "batch":
 
     @ingest.before_revoke
     async def deliver_in_flight() -> None:
+        if REVOKE_DELAY_S:
+            logger.warning("revoke hook holding for %.1f s", REVOKE_DELAY_S)
+            await asyncio.sleep(REVOKE_DELAY_S)
         if in_flight:
             await asyncio.wait(list(in_flight))
 

@@ -81,13 +81,11 @@ def test_handler_exception_is_reported_and_its_batch_not_acknowledged(kafka_boot
     try:
         code: int | None = worker.wait_exit(timeout_s=60)
     except subprocess.TimeoutExpired:
-        # Faust's shutdown after a crash has been seen to hang once it left the group; what matters
-        # here is that the worker stopped handling records without acknowledging the batch.
-        print(f"\nthe crashed worker had not exited after 60 s:\n{worker.log_tail(20)}")
         code = None
     finally:
         worker.stop()
     log = worker.log_path.read_text(errors="replace")
+    assert code is not None, f"the crashed worker had not exited after 60 s:\n{worker.log_tail(30)}"
     assert code != 0, "the worker must stop on a handler error, not swallow it"
     assert "Crashed reason=RuntimeError('PT_FAIL_OFFSET 3000 reached')" in log
     assert "batch handler failed" in log and "PT_FAIL_OFFSET 3000 reached" in log
@@ -133,3 +131,36 @@ def test_two_workers_and_a_third_joining_lose_nothing(kafka_bootstrap: str, tmp_
     # In-flight batches are delivered and committed before partitions go, so a rebalance redelivers
     # little; thousands of duplicates would mean the revoke flush stopped working.
     assert duplicates < total * 0.02, f"{duplicates} duplicates"
+
+
+def test_sigterm_in_the_middle_of_a_rebalance_exits_zero(kafka_bootstrap: str, tmp_path: Path) -> None:
+    source, sink, group = names("sigterm")
+    asyncio.run(ensure_topics(kafka_bootstrap, [source, sink], partitions=4))
+    asyncio.run(produce_raw(kafka_bootstrap, source, records(0, 2_000)))
+
+    def start(name: str) -> Any:
+        return passthrough_worker(kafka_bootstrap, app_id=group, input_topic=source, output_topic=sink,
+                                  data_dir=tmp_path / name, extra_env={"PT_REVOKE_DELAY_S": "4"})
+
+    first = start("a")
+    second = None
+    try:
+        asyncio.run(collect(kafka_bootstrap, [sink], lambda o: len(seen(o[sink])) >= 2_000, timeout_s=90,
+                            settle_s=0))
+        second = start("b")  # the first worker rebalances and holds in its revoke hook
+        deadline = time.monotonic() + 60
+        while "revoke hook holding" not in first.log_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline, first.log_tail()
+            time.sleep(0.1)
+        started = time.monotonic()
+        first.terminate()
+        code: int | None = first.wait_exit(timeout_s=40)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert code == 0, f"exit code {code} (None: still running after 40 s)\n{first.log_tail(40)}"
+    assert time.monotonic() - started < 40
+

@@ -6,6 +6,7 @@ new version is allowed (see its module docstring); SEAM_INGEST=stream keeps work
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import weakref
 from collections.abc import Iterator
@@ -154,3 +155,100 @@ def test_current_partition_reads_the_table_partition_scope() -> None:
         assert ingest.current_partition() == 5
     with pytest.raises(RuntimeError):
         ingest.current_partition()
+
+
+class _Record(SimpleNamespace):
+    pass
+
+
+def _records(tp: TP, first: int, count: int) -> list[_Record]:
+    return [_Record(topic=tp.topic, partition=tp.partition, offset=o, timestamp=0, key=None, value=b"{}")
+            for o in range(first, first + count)]
+
+
+@pytest.fixture
+def positioned(consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch) -> ingest.BatchConsumer:
+    """A consumer owning t[0], sought to offset 0, whose commits and Faust revocation are recorded."""
+    tp = TP("t", 0)
+    monkeypatch.setattr(consumer, "assignment", lambda: {tp})
+    consumer._sought_epoch = consumer.epoch
+    consumer._read_offset[tp] = 0
+    consumer.committed = []  # type: ignore[attr-defined]
+
+    async def commit_after_hooks(topics: object, start_new_transaction: bool) -> bool:
+        consumer.committed.append(consumer._new_offset(tp))  # type: ignore[attr-defined]
+        return True
+
+    async def faust_revoked(self: object, revoked: object) -> None:
+        return None
+
+    monkeypatch.setattr(consumer, "_commit_after_hooks", commit_after_hooks)
+    monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_revoked", faust_revoked)
+    return consumer
+
+
+async def test_revocation_closes_intake_before_it_delivers_and_commits(
+        positioned: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch fetched while in-flight work is delivered waits, then is dropped: never acked too late."""
+    consumer, tp = positioned, TP("t", 0)
+    handled: list[int] = []
+    hook_started, hook_may_end = asyncio.Event(), asyncio.Event()
+
+    async def handler(batch: ingest.RecordBatch) -> None:
+        handled.extend(r.offset for r in batch.records)
+        batch.ack([r.offset for r in batch.records])
+
+    async def deliver_in_flight() -> None:
+        hook_started.set()
+        await hook_may_end.wait()
+
+    monkeypatch.setattr(ingest, "_revoke_hooks", [deliver_in_flight])
+    await consumer._deliver_batch(tp, _records(tp, 0, 10), handler)
+    revoking = asyncio.ensure_future(consumer.on_partitions_revoked({tp}))
+    await hook_started.wait()
+    late = asyncio.ensure_future(consumer._deliver_batch(tp, _records(tp, 10, 10), handler))
+    await asyncio.sleep(0.01)
+    assert handled == list(range(10)), "a batch was handed over while partitions were being revoked"
+    hook_may_end.set()
+    await revoking
+    await late
+    assert handled == list(range(10)), "a batch fetched before the revocation was handled after it"
+    assert consumer.committed == [10]  # type: ignore[attr-defined]
+
+
+async def test_a_revocation_waits_for_the_batch_being_handled(
+        positioned: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer, tp = positioned, TP("t", 0)
+    release = asyncio.Event()
+
+    async def slow_handler(batch: ingest.RecordBatch) -> None:
+        await release.wait()
+        batch.ack([r.offset for r in batch.records])
+
+    monkeypatch.setattr(ingest, "_revoke_hooks", [])
+    handling = asyncio.ensure_future(consumer._deliver_batch(tp, _records(tp, 0, 5), slow_handler))
+    await asyncio.sleep(0)
+    revoking = asyncio.ensure_future(consumer.on_partitions_revoked({tp}))
+    await asyncio.sleep(0.01)
+    assert not revoking.done()
+    release.set()
+    await asyncio.gather(handling, revoking)
+    assert consumer.committed == [5]  # type: ignore[attr-defined]  # its acks were in before the commit
+
+
+async def test_a_drain_loop_cancelled_by_a_stop_ends_normally(consumer: ingest.BatchConsumer,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faust's fetcher treats a cancel during a rebalance as a restart it cannot do: never let it see one."""
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+
+    async def wait_forever(timeout: float) -> tuple[dict[TP, list[object]], None]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(consumer, "_wait_next_records", wait_forever)
+    draining = asyncio.ensure_future(consumer._drain_messages(fetcher))
+    await asyncio.sleep(0)
+    fetcher._stopped.set()  # Service.stop() sets it before it cancels the service's tasks
+    draining.cancel()
+    await asyncio.wait([draining])
+    assert not draining.cancelled() and draining.exception() is None
