@@ -417,12 +417,16 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
     async def _deliver_batch(self, tp: TP, tp_records: list[Any], handler: BatchHandler) -> None:
         epoch = self.epoch
-        async with self._intake:  # closed while a commit cuts (exactly once) or partitions are revoked
-            if self.epoch != epoch:
-                # Revoked while this waited: the partition is sought to its committed offset again
-                # (here or at its next owner), which these records are not before.
-                return
-            await self._deliver_batch_now(tp, tp_records, handler, epoch)
+        try:
+            async with self._intake:  # closed while a commit cuts (exactly once) or partitions are revoked
+                if self.epoch != epoch:
+                    # Revoked while this waited: the partition is sought to its committed offset again
+                    # (here or at its next owner), which these records are not before.
+                    return
+                await self._deliver_batch_now(tp, tp_records, handler, epoch)
+        except Exception as exc:
+            await self.crash(exc)  # outside the intake lock: stopping revokes, which takes it
+            raise
 
     async def _deliver_batch_now(self, tp: TP, tp_records: list[Any], handler: BatchHandler, epoch: int) -> None:
         if self._sought_epoch != epoch:  # not yet positioned at the committed offsets since the rebalance
@@ -462,9 +466,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
                             epoch)
         try:
             await handler(batch)
-        except Exception as exc:
+        except Exception:
             logger.exception("batch handler failed on %r; the batch is not acknowledged", batch)
-            await self.crash(exc)
             raise
 
     async def _deliver_each(self, tp: TP, tp_records: list[Any]) -> None:
