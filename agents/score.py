@@ -26,8 +26,9 @@ from agents.pipeline import Outputs, Pipeline, ScoringItem
 from agents.runtime import ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
 from app.main import app, settings
-from tables.cache import StateCache
-from tables.changelog import ChangelogWriter
+from tables.cache import StateCache, StoreCard
+from tables.card_store import Stored, changes
+from tables.changelog import ChangelogProducer, ChangelogWriter
 from tables.features import DEFAULT_SPEC, CardState
 from tables.state import (
     WATERMARK_KEY,
@@ -58,23 +59,32 @@ transactions = (
     if settings.processing_guarantee == "exactly_once" else None)
 
 
-async def _send_changelog(topic: str, key: bytes, value: bytes | None, partition: int) -> Any:
-    return await app.producer.send(topic, key, value, partition=partition, timestamp=None, headers=None)
+async def _send_changelog(topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]) -> list[int]:
+    producer = scoring.changelog_producer
+    if producer is None:
+        raise RuntimeError("the changelog producer is not running")
+    return await producer.send_many(topic, partition, records)
 
 
 # At least once with batch ingestion: table writes go out in bulk at each commit (tables.changelog).
 changelog = (ChangelogWriter(_send_changelog, functools.partial(ingest.table_partition, settings.input_topic))
              if transactions is None and settings.ingest == "batch" else None)
+# A state flush runs in steps of this much work at most, so records are scored between them.
+FLUSH_STEP_S = 0.002
 
 
-def _state_writers() -> tuple[Callable[[str, CardState], None], Callable[[int], None]]:
+def _state_writers() -> tuple[StoreCard, Callable[[int], None]]:
     """How the state cache writes a card's state and a watermark, for the configured mode."""
     if transactions is None and changelog is None:
         return store_state, store_watermark  # the plain Faust path: Faust table writes, record by record
     write = transactions.stage if transactions is not None else changelog.write  # type: ignore[union-attr]
 
-    def write_state(card_id: str, state: CardState) -> None:
-        write(card_state, ingest.current_partition(), card_id.encode(), state)
+    def write_state(card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
+        partition = ingest.current_partition()
+        writes = changes(card_id.encode(), state, stored, touched)
+        for key, value in writes:
+            write(card_state, partition, key, value)
+        return len(writes)
 
     def write_watermark(max_ts: int) -> None:
         write(watermarks, ingest.current_partition(), WATERMARK_KEY, max_ts)
@@ -91,6 +101,7 @@ class ScoringService(Service):
         self.boundary: ModelBoundary[ScoringItem] | None = None
         self.pipeline: Pipeline | None = None
         self.metrics = BoundaryMetrics()
+        self.changelog_producer: ChangelogProducer | None = None
         self._ready = asyncio.Event()
 
     async def on_start(self) -> None:
@@ -98,6 +109,9 @@ class ScoringService(Service):
         # for every message it sends (filtered out later, but paid for on the hot path).
         if logging.getLogger("aiokafka").getEffectiveLevel() < logging.INFO:
             logging.getLogger("aiokafka").setLevel(logging.INFO)
+        if changelog is not None:
+            self.changelog_producer = ChangelogProducer(settings.broker_bootstrap)
+            await self.changelog_producer.start()
         runtime = await asyncio.to_thread(
             ModelRuntime.load, settings.model_path, feature_names=DEFAULT_SPEC.names,
             device=settings.device, threads=settings.inference_threads)
@@ -131,8 +145,15 @@ class ScoringService(Service):
                     settings.processing_guarantee)
 
     async def on_stop(self) -> None:
+        # The app has stopped fetching by now. Commit what is delivered while the changelog producer
+        # still runs (the consumer's own last commit comes after this service has stopped).
+        if self.pipeline is not None and self.changelog_producer is not None:
+            await app.consumer.commit()
         if self.boundary is not None:
             self.boundary.close()
+        if self.changelog_producer is not None:
+            producer, self.changelog_producer = self.changelog_producer, None
+            await producer.stop()
 
     async def wait_ready(self) -> Pipeline:
         """Return the pipeline once the model is loaded."""
@@ -227,7 +248,13 @@ if settings.ingest == "batch":
             await scoring.pipeline.delivered()
             writes = cache.flush(trim=False)  # staged: RocksDB gets them when their transactions commit
         else:
-            writes = cache.flush()
+            writes = 0
+            step_started = time.perf_counter()
+            for written in cache.flushing():
+                writes = written
+                if time.perf_counter() - step_started > FLUSH_STEP_S:
+                    await asyncio.sleep(0)  # let records be scored: a flush never stalls predictions
+                    step_started = time.perf_counter()
             assert changelog is not None
             try:
                 await changelog.flush()

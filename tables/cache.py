@@ -14,16 +14,23 @@ epoch it was stamped with.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from itertools import groupby
 from operator import itemgetter
+from typing import TypeVar
 
+from tables.card_store import BUCKET_MS, Stored, events_held
 from tables.features import CardState, Watermark, new_state
 
 __all__ = ["StateCache"]
 
 Scope = Callable[[int], AbstractContextManager[object]]
+# Reads a card from its table (None if unknown); writes the changes since ``Stored`` (and the
+# buckets that received events), updating it; returns how many records it wrote.
+LoadCard = Callable[[str], tuple[CardState, Stored] | None]
+StoreCard = Callable[[str, CardState, Stored, set[int]], int]
 
 
 class StateCache:
@@ -32,13 +39,14 @@ class StateCache:
     def __init__(
         self,
         *,
-        load_card: Callable[[str], CardState | None],
-        store_card: Callable[[str, CardState], None],
+        load_card: LoadCard,
+        store_card: StoreCard,
         load_watermark: Callable[[], int | None],
         store_watermark: Callable[[int], None],
         scope: Scope,
         allowed_lateness_ms: int,
         max_clean_cards: int = 100_000,
+        max_clean_events: int = 2_000_000,
     ) -> None:
         self._load_card = load_card
         self._store_card = store_card
@@ -47,8 +55,10 @@ class StateCache:
         self._scope = scope
         self._lateness_ms = allowed_lateness_ms
         self._max_clean_cards = max_clean_cards
+        self._max_clean_events = max_clean_events
         self._cards: dict[int, dict[str, CardState]] = {}
-        self._dirty: dict[int, set[str]] = {}
+        self._stored: dict[int, dict[str, Stored]] = {}
+        self._dirty: dict[int, dict[str, set[int]]] = {}  # partition -> card -> buckets that received events
         self._watermarks: dict[int, Watermark] = {}
         self._dirty_watermarks: set[int] = set()
         self._deferred: list[tuple[int, Callable[[], object]]] = []
@@ -63,10 +73,12 @@ class StateCache:
         state = cards.get(card_id)
         if state is None:
             with self._scope(partition):
-                state = self._load_card(card_id)
-            if state is not None and state["ts"]:
+                loaded = self._load_card(card_id)
+            state, stored = loaded if loaded is not None else (new_state(), Stored())
+            if state["ts"]:
                 self._raise_watermark(partition, state["ts"][-1])
-            state = cards[card_id] = state if state is not None else new_state()
+            cards[card_id] = state
+            self._stored.setdefault(partition, {})[card_id] = stored
         return state
 
     def _raise_watermark(self, partition: int, card_max_ts: int) -> None:
@@ -82,12 +94,15 @@ class StateCache:
         state = self._cards.get(partition, {}).get(card_id)
         if state is None:
             with self._scope(partition):
-                state = self._load_card(card_id)
+                loaded = self._load_card(card_id)
+            state = None if loaded is None else loaded[0]
         return state
 
-    def touch(self, partition: int, card_id: str) -> None:
-        """Mark a card's state changed: the next flush writes it."""
-        self._dirty.setdefault(partition, set()).add(card_id)
+    def touch(self, partition: int, card_id: str, ts_ms: int | None = None) -> None:
+        """Mark a card's state changed (by an event at ``ts_ms``): the next flush writes the change."""
+        buckets = self._dirty.setdefault(partition, {}).setdefault(card_id, set())
+        if ts_ms is not None:
+            buckets.add(ts_ms // BUCKET_MS)
 
     def watermark(self, partition: int) -> Watermark:
         """The partition's watermark, restored from the table the first time it is asked for."""
@@ -112,47 +127,59 @@ class StateCache:
     def flush(self, *, trim: bool = True) -> int:
         """Write every changed state and watermark to the tables; release held acks; return writes.
 
-        With ``trim=False`` the clean states stay cached even past ``max_clean_cards``: the caller's
+        With ``trim=False`` the clean states stay cached even past the cache's bounds: the caller's
         writes do not reach the table at once (a transaction), so the table must not be read for
         them yet; it calls :meth:`trim` once they have.
         """
-        epoch, cards, watermarks = self._take_dirty()
-        writes = self._write(cards) + self._write_watermarks(watermarks)
-        self._flushed(epoch, writes, trim)
-        return writes
+        return deque(self.flushing(trim=trim), maxlen=1).pop()
 
-    def _take_dirty(self) -> tuple[int, list[tuple[int, str]], list[int]]:
-        cards = [(partition, card_id) for partition, ids in self._dirty.items() for card_id in ids]
-        watermarks = list(self._dirty_watermarks)
+    def flushing(self, *, trim: bool = True, cards_per_step: int = 64) -> Iterator[int]:
+        """:meth:`flush` in steps: yields the writes so far after every ``cards_per_step`` cards.
+
+        The caller may let other work run between steps (the worker scores records meanwhile). What
+        is flushed is fixed when it starts: changes made during the steps belong to the next flush
+        (a card written meanwhile may already hold some of them, which is harmless: a redelivered
+        event that is in its card's state is scored again with the same features). The watermarks
+        written are those of that moment, so none is ahead of the cards written after it starts.
+        """
+        epoch, cards, watermarks = self._take_dirty()
+        writes = 0
+        for partition, group in groupby(cards, key=itemgetter(0)):
+            for step in _chunks([(card_id, buckets) for _, card_id, buckets in group], cards_per_step):
+                writes += self._write(partition, step)
+                yield writes
+        writes += self._write_watermarks(watermarks)
+        self._flushed(epoch, writes, trim)
+        yield writes
+
+    def _take_dirty(self) -> tuple[int, list[tuple[int, str, set[int]]], list[tuple[int, int]]]:
+        cards = [(partition, card_id, buckets) for partition, dirty in self._dirty.items()
+                 for card_id, buckets in dirty.items()]
+        watermarks = [(partition, w.max_ts) for partition in self._dirty_watermarks
+                      if (w := self._watermarks.get(partition)) is not None and w.max_ts is not None]
         self._dirty = {}
         self._dirty_watermarks = set()
         epoch = self.epoch
         self.epoch += 1  # changes from now on belong to the next flush
         return epoch, cards, watermarks
 
-    def _write(self, cards: list[tuple[int, str]]) -> int:
+    def _write(self, partition: int, cards: Sequence[tuple[str, set[int]]]) -> int:
+        cached, stored = self._cards.get(partition), self._stored.get(partition)
+        if cached is None or stored is None:
+            return 0  # forgotten (revoked) meanwhile: redelivered records recompute it
         writes = 0
-        for partition, group in groupby(cards, key=itemgetter(0)):
-            cached = self._cards.get(partition)
-            if cached is None:
-                continue  # forgotten (revoked) meanwhile: redelivered records recompute it
-            with self._scope(partition):
-                for _, card_id in group:
-                    state = cached.get(card_id)
-                    if state is not None:
-                        self._store_card(card_id, state)
-                        writes += 1
+        with self._scope(partition):
+            for card_id, buckets in cards:
+                state = cached.get(card_id)
+                if state is not None:
+                    writes += self._store_card(card_id, state, stored[card_id], buckets)
         return writes
 
-    def _write_watermarks(self, partitions: list[int]) -> int:
-        writes = 0
-        for partition in partitions:
-            watermark = self._watermarks.get(partition)
-            if watermark is not None and watermark.max_ts is not None:
-                with self._scope(partition):
-                    self._store_watermark(watermark.max_ts)
-                writes += 1
-        return writes
+    def _write_watermarks(self, watermarks: list[tuple[int, int]]) -> int:
+        for partition, max_ts in watermarks:
+            with self._scope(partition):
+                self._store_watermark(max_ts)
+        return len(watermarks)
 
     def _flushed(self, epoch: int, writes: int, trim: bool) -> None:
         self._flushed_epoch = epoch + 1
@@ -166,13 +193,37 @@ class StateCache:
             self.trim()
 
     def trim(self) -> None:
-        """Drop the cached states if there are more than ``max_clean_cards`` and none is dirty."""
-        if not self._dirty and sum(len(cards) for cards in self._cards.values()) > self._max_clean_cards:
-            self._cards.clear()  # everything is clean: reload from RocksDB on demand
+        """Drop clean states, oldest loaded first, while the cache is over its bounds (to 3/4 of them).
+
+        The bounds are ``max_clean_cards`` cards and ``max_clean_events`` events held in all cached
+        states; a dropped state is read back from the table when its card comes again.
+        """
+        cards = sum(len(c) for c in self._cards.values())
+        events = self.events_held()
+        if cards <= self._max_clean_cards and events <= self._max_clean_events:
+            return
+        card_goal, event_goal = self._max_clean_cards * 3 // 4, self._max_clean_events * 3 // 4
+        for partition, cached in self._cards.items():
+            dirty, stored = self._dirty.get(partition, {}), self._stored.get(partition, {})
+            for card_id in [c for c in cached if c not in dirty]:
+                if cards <= card_goal and events <= event_goal:
+                    return
+                events -= events_held(cached.pop(card_id))
+                stored.pop(card_id, None)
+                cards -= 1
+
+    def events_held(self) -> int:
+        """Events held in all cached card states (what the cache's memory grows with)."""
+        return sum(events_held(state) for cached in self._cards.values() for state in cached.values())
+
+    def cached_cards(self) -> int:
+        """Card states held in memory."""
+        return sum(len(cached) for cached in self._cards.values())
 
     def forget(self) -> None:
         """Drop everything (partitions were revoked); unflushed changes are recomputed on redelivery."""
         self._cards.clear()
+        self._stored.clear()
         self._dirty.clear()
         self._watermarks.clear()
         self._dirty_watermarks.clear()
@@ -181,3 +232,11 @@ class StateCache:
     def dirty_cards(self) -> int:
         """How many card states wait for the next flush."""
         return sum(len(ids) for ids in self._dirty.values())
+
+
+_T = TypeVar("_T")
+
+
+def _chunks(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]

@@ -4,8 +4,9 @@ A Faust table write queues its changelog record in Faust's producer buffer, whic
 to the Kafka client per event-loop turn; on a busy worker a flush of a few thousand card states then
 takes seconds. :class:`ChangelogWriter` encodes each write exactly as Faust stores it and puts it
 in the partition's RocksDB store at once (later reads see it, as with a Faust table write); on
-:meth:`~ChangelogWriter.flush` it sends all changelog records straight to the producer (which
-batches them), so a flush costs about one produce round trip. Once every record is acknowledged it
+:meth:`~ChangelogWriter.flush` it sends all changelog records in batches per partition (on a
+producer of their own: predictions never queue behind a flush), so a flush costs about one produce
+round trip. Once every record is acknowledged it
 records the changelog offset in the store, as Faust does per record, so a restart reads only what
 came after.
 
@@ -16,31 +17,36 @@ Exactly-once mode stages the same encoded writes in transactions instead (see
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from faust.types import TP
 
-__all__ = ["ChangelogWriter", "Write", "encode", "persist_offsets", "store"]
+__all__ = ["ChangelogProducer", "ChangelogWriter", "SendMany", "Write", "encode", "persist_offsets", "store"]
 
 # (table, partition, encoded key, encoded value)
 Write = tuple[Any, int, bytes, bytes | None]
-Send = Callable[[str, bytes, bytes | None, int], Awaitable[Awaitable[Any]]]
+# Sends (key, value) records to one topic partition, in order; returns their offsets once all are acknowledged.
+SendMany = Callable[[str, int, Sequence[tuple[bytes, bytes | None]]], Awaitable[Sequence[int]]]
 Scope = Callable[[int], AbstractContextManager[object]]
 
 
 def encode(table: Any, partition: int, key: Any, value: Any) -> Write:
     """A table write encoded by the table's own store (the bytes its changelog and RocksDB hold)."""
     store = table.data
-    return table, partition, store._encode_key(key), store._encode_value(value)
+    return table, partition, store._encode_key(key), None if value is None else store._encode_value(value)
 
 
 def store(write: Write, scope: Scope) -> None:
-    """Put one encoded write into its partition's RocksDB store (no changelog record)."""
+    """Put one encoded write (``None``: a delete) into its partition's RocksDB store (no changelog record)."""
     table, partition, key, value = write
     with scope(partition):
-        table.data._set(key, value)
+        if value is None:
+            table.data._del(key)
+        else:
+            table.data._set(key, value)
 
 
 def persist_offsets(writes: Iterable[Write], offsets: Iterable[int], *, offset_step: int = 0) -> None:
@@ -59,7 +65,7 @@ def persist_offsets(writes: Iterable[Write], offsets: Iterable[int], *, offset_s
 class ChangelogWriter:
     """Collects table writes and writes them (store and changelog) in one go on :meth:`flush`."""
 
-    def __init__(self, send: Send, scope: Scope) -> None:
+    def __init__(self, send: SendMany, scope: Scope) -> None:
         self._send = send
         self._scope = scope
         self._writes: list[Write] = []
@@ -89,16 +95,59 @@ class ChangelogWriter:
         # next is sent: the state cache writes cards before watermarks, so a crash mid-flush can leave
         # a card newer than its watermark (which the cache repairs on load) but never the reverse,
         # which would route its redelivered events late.
-        tables: dict[Any, list[Write]] = {}
+        tables: dict[Any, dict[int, list[Write]]] = {}
         for write in writes:
-            tables.setdefault(write[0], []).append(write)
+            tables.setdefault(write[0], {}).setdefault(write[1], []).append(write)
         try:
-            for group in tables.values():
-                deliveries = [await self._send(table.changelog_topic.get_topic_name(), key, value, partition)
-                              for table, partition, key, value in group]
-                metadata = await asyncio.gather(*deliveries)
-                persist_offsets(group, (m.offset for m in metadata))
+            for table, partitions in tables.items():
+                topic = table.changelog_topic.get_topic_name()
+                offsets = await asyncio.gather(*(
+                    self._send(topic, partition, [(key, value) for _t, _p, key, value in group])
+                    for partition, group in partitions.items()))
+                for group, group_offsets in zip(partitions.values(), offsets, strict=True):
+                    persist_offsets(group, group_offsets)
         except BaseException as exc:
             self.failed = exc
             raise
         return len(writes)
+
+
+class ChangelogProducer:
+    """A Kafka producer of its own for changelog records, sending them in batches per partition.
+
+    Separate from the producer of predictions: aiokafka keeps one produce request in flight per broker
+    connection, so on a shared producer every prediction would wait behind a flush's burst.
+    """
+
+    def __init__(self, bootstrap: str, *, linger_ms: int = 5, max_batch_size: int = 1024 * 1024) -> None:
+        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                                          linger_ms=linger_ms, max_batch_size=max_batch_size)
+
+    async def start(self) -> None:
+        """Connect to the cluster."""
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        """Deliver what is pending and disconnect."""
+        await self._producer.stop()
+
+    async def send_many(self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]) -> list[int]:
+        """Send ``records`` to ``partition`` of ``topic`` in order; return their offsets once acknowledged."""
+        producer = self._producer
+        sent: list[tuple[asyncio.Future[Any], int]] = []
+        batch, count = producer.create_batch(), 0
+        for key, value in records:
+            while batch.append(key=key, value=value, timestamp=None) is None:
+                if count == 0:
+                    raise ValueError(f"a changelog record of {len(key) + len(value or b'')} bytes does not fit "
+                                     "in a batch")
+                sent.append((await producer.send_batch(batch, topic, partition=partition), count))
+                batch, count = producer.create_batch(), 0
+            count += 1
+        if count:
+            sent.append((await producer.send_batch(batch, topic, partition=partition), count))
+        offsets: list[int] = []
+        for metadata, batch_count in zip(await asyncio.gather(*(f for f, _ in sent)), (c for _, c in sent),
+                                         strict=True):
+            offsets += range(metadata.offset, metadata.offset + batch_count)
+        return offsets

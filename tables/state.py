@@ -10,16 +10,19 @@ Faust event, or ``agents.ingest.table_partition``).
 from __future__ import annotations
 
 from app.main import app, settings
-from tables.features import CardState, upgrade_state
+from tables.card_store import Stored, changes, decode
+from tables.features import CardState
 
 __all__ = ["card_state", "load_state", "load_watermark", "store_state", "store_watermark", "watermarks"]
 
-# Key: card id (UTF-8 bytes, raw in the changelog); value: the compact state dict of tables.features (JSON).
+# Keys: a card id (UTF-8) for the card's header, and card id + NUL + bucket for each minute of its
+# events; values: JSON (see tables.card_store), raw bytes in the store and the changelog.
 card_state = app.Table(
     "card-state",
     partitions=settings.topic_partitions,
     key_type=bytes,
-    help="Compact per-card event-time state for the feature spec.",
+    value_type=bytes,
+    help="Per-card event-time state for the feature spec: a header and one record per minute of events.",
 )
 
 # One key per partition: the highest event time seen on it (the watermark is that minus lateness).
@@ -32,15 +35,22 @@ watermarks = app.Table(
 WATERMARK_KEY = b"max_ts"
 
 
-def load_state(card_id: str) -> CardState | None:
-    """Read one card's state (upgraded if an earlier seam wrote it)."""
-    state: CardState | None = card_state.get(card_id.encode())
-    return None if state is None else upgrade_state(state)
+def load_state(card_id: str) -> tuple[CardState, Stored] | None:
+    """Read one card's state and what the table holds of it (None if the card is unknown)."""
+    key = card_id.encode()
+    header: bytes | None = card_state.get(key)
+    return None if header is None else decode(header, card_state.get, key)
 
 
-def store_state(card_id: str, state: CardState) -> None:
-    """Write one card's state."""
-    card_state[card_id.encode()] = state
+def store_state(card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
+    """Write what changed in one card's state since ``stored`` (Faust table writes); return the records."""
+    writes = changes(card_id.encode(), state, stored, touched)
+    for key, value in writes:
+        if value is None:
+            card_state.pop(key, None)
+        else:
+            card_state[key] = value
+    return len(writes)
 
 
 def load_watermark() -> int | None:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 from tables.cache import StateCache
+from tables.card_store import Stored
 from tables.features import CardState, apply_event, new_state
 
 LATENESS_MS = 60_000
@@ -33,14 +34,15 @@ class Tables:
         finally:
             self.current = None
 
-    def load_card(self, card_id: str) -> CardState | None:
+    def load_card(self, card_id: str) -> tuple[CardState, Stored] | None:
         self.log.append(("load_card", self.current, card_id))
         state = self.cards.get((self._partition(), card_id))
-        return copy.deepcopy(state)  # like a RocksDB read: a fresh object
+        return None if state is None else (copy.deepcopy(state), Stored())  # like a RocksDB read: a fresh object
 
-    def store_card(self, card_id: str, state: CardState) -> None:
+    def store_card(self, card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
         self.log.append(("store_card", self.current, card_id))
         self.cards[(self._partition(), card_id)] = copy.deepcopy(state)
+        return 1
 
     def load_watermark(self) -> int | None:
         self.log.append(("load_watermark", self.current, None))

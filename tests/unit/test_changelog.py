@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -57,19 +57,14 @@ class Broker:
         self.log: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
         self.fail: Exception | None = None
 
-    async def send(self, topic: str, key: bytes, value: bytes | None, partition: int) -> Awaitable[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    async def send(self, topic: str, partition: int, batch: Sequence[tuple[bytes, bytes | None]]) -> list[int]:
+        await asyncio.sleep(0)
         if self.fail is not None:
-            future.set_exception(self.fail)
-            return future
+            raise self.fail
         records = self.log.setdefault((topic, partition), [])
-        records.append((key, value))
-
-        class Metadata:
-            offset = len(records) - 1
-
-        future.set_result(Metadata())
-        return future
+        first = len(records)
+        records.extend(batch)
+        return list(range(first, len(records)))
 
 
 def scope_for(*tables: Table) -> Any:

@@ -24,6 +24,7 @@ from agents.ingest import RecordBatch
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from app.synthetic import TransactionGenerator
 from tables.cache import StateCache
+from tables.card_store import Stored, changes, decode
 from tables.features import DEFAULT_SPEC, CardState, apply_event, new_state, replayable
 from tests.reference import Late, Scored, replay
 
@@ -74,7 +75,7 @@ class Tables:
     """Dict-backed card-state and watermark tables, partitioned like the Faust tables (JSON values)."""
 
     def __init__(self) -> None:
-        self.cards: dict[tuple[int, str], str] = {}
+        self.cards: dict[tuple[int, bytes], bytes] = {}
         self.watermarks: dict[int, int] = {}
         self.current: int | None = None
 
@@ -92,12 +93,20 @@ class Tables:
         assert self.current is not None, "table access outside a partition scope"
         return self.current
 
-    def load_card(self, card_id: str) -> CardState | None:
-        raw = self.cards.get((self._partition(), card_id))
-        return None if raw is None else cast(CardState, json.loads(raw))
+    def load_card(self, card_id: str) -> tuple[CardState, Stored] | None:
+        """Through the real table layout (tables.card_store): a header and per-minute buckets."""
+        partition, key = self._partition(), card_id.encode()
+        header = self.cards.get((partition, key))
+        return None if header is None else decode(header, lambda k: self.cards.get((partition, k)), key)
 
-    def store_card(self, card_id: str, state: CardState) -> None:
-        self.cards[(self._partition(), card_id)] = json.dumps(state)
+    def store_card(self, card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
+        writes = changes(card_id.encode(), state, stored, touched)
+        for key, value in writes:
+            if value is None:
+                del self.cards[(self._partition(), key)]
+            else:
+                self.cards[(self._partition(), key)] = value
+        return len(writes)
 
     def load_watermark(self) -> int | None:
         return self.watermarks.get(self._partition())
@@ -142,7 +151,7 @@ class Worker:
             cache.touch_watermark(partition)
         applied = apply_event(state, ev.id, ev.ts, ev.amount, ev.merchant_id, allowed_lateness_ms=LATENESS_MS)
         if not applied.duplicate:
-            cache.touch(partition, ev.card_id)
+            cache.touch(partition, ev.card_id, ev.ts)
         return Scored(dict(zip(NAMES, applied.features, strict=True)))
 
     def flush(self) -> None:
@@ -151,7 +160,8 @@ class Worker:
         assert self.cache.dirty_cards() == 0
         for partition, card_id in self.seen:
             with self.tables.scope(partition):
-                stored = self.tables.load_card(card_id) or new_state()  # a card with only late events
+                loaded = self.tables.load_card(card_id)
+                stored = loaded[0] if loaded is not None else new_state()  # a card with only late events
             assert stored == (self.cache.peek(partition, card_id) or new_state()), f"unflushed {card_id}"
         for partition in {p for p, _ in self.seen}:
             assert self.tables.watermarks.get(partition) == self.cache.watermark(partition).max_ts
