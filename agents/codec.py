@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ __all__ = [
     "dead_letter",
     "decode_transaction",
     "late_record",
+    "feature_record",
     "prediction",
 ]
 
@@ -163,13 +165,11 @@ def prediction(
     score: float,
     threshold: float,
     model: str,
-    feature_names: tuple[str, ...],
-    features: tuple[float, ...],
     queue_ms: float,
     infer_ms: float,
     batch_size: int,
 ) -> bytes:
-    """Encode one prediction record."""
+    """Encode one prediction record (its features go to the feature log: :func:`feature_record`)."""
     return orjson.dumps({
         "id": tx.id,
         "card_id": tx.card_id,
@@ -177,9 +177,14 @@ def prediction(
         "score": score,
         "is_fraud": score >= threshold,
         "model": model,
-        "features": dict(zip(feature_names, features, strict=True)),
         "timing": {"queue_ms": round(queue_ms, 3), "infer_ms": round(infer_ms, 3), "batch_size": batch_size},
     })
+
+
+def feature_record(tx: Transaction, *, feature_set: str, features: Sequence[float]) -> bytes:
+    """Encode the features a prediction was scored with, in the feature set's order (the feature log)."""
+    return orjson.dumps({"id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "feature_set": feature_set,
+                         "features": features})
 
 
 def late_record(

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -135,6 +136,7 @@ class SkipCommit(Exception):  # noqa: N818 - a control-flow signal, not an error
 
 _commit_hooks: list[CommitHook] = []
 _offset_committer: OffsetCommitter | None = None
+_commit_observer: Callable[[float], None] | None = None
 
 
 def before_revoke(hook: RevokeHook) -> RevokeHook:
@@ -316,10 +318,15 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
     async def _commit_one_at_a_time(self, topics: Any, start_new_transaction: bool) -> bool:
         async with self._committing:  # one at a time, hooks included (a hook may yield mid-flush)
+            started = time.perf_counter()
             if self.offset_committer is None:
-                return await self._commit_after_hooks(topics, start_new_transaction)
-            async with self._intake:  # a cut: no batch is handled until the transactions commit
-                return await self._commit_after_hooks(topics, start_new_transaction)
+                committed = await self._commit_after_hooks(topics, start_new_transaction)
+            else:
+                async with self._intake:  # a cut: no batch is handled until the transactions commit
+                    committed = await self._commit_after_hooks(topics, start_new_transaction)
+            if committed and _commit_observer is not None:
+                _commit_observer(time.perf_counter() - started)
+            return committed
 
     async def _commit_after_hooks(self, topics: Any, start_new_transaction: bool) -> bool:
         # Runs before Faust computes the committable offsets and flushes the producer, so table
@@ -488,14 +495,17 @@ class BatchTransport(faust_aiokafka.Transport):
     Consumer = BatchConsumer
 
 
-def install(app: AppT, *, commit_offsets: OffsetCommitter | None = None, fetch: FetchOptions | None = None) -> None:
+def install(app: AppT, *, commit_offsets: OffsetCommitter | None = None, fetch: FetchOptions | None = None,
+            observe_commit: Callable[[float], None] | None = None) -> None:
     """Make ``app`` consume through :class:`BatchConsumer` (call before the worker starts).
 
     With ``commit_offsets``, that function commits the offsets (in transactions), every commit holds
-    intake, and the consumer reads ``read_committed``. ``fetch`` sets how records are fetched.
+    intake, and the consumer reads ``read_committed``. ``fetch`` sets how records are fetched;
+    ``observe_commit`` gets the seconds each commit took (hooks included).
     """
-    global _offset_committer
+    global _offset_committer, _commit_observer
     _offset_committer = commit_offsets
+    _commit_observer = observe_commit
     options = fetch or FetchOptions()
     _TunedConsumerThread.options = FetchOptions(options.min_bytes, options.max_wait_ms, commit_offsets is not None)
     app.transport = BatchTransport(app.conf.broker_consumer, app)

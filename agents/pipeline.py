@@ -10,6 +10,7 @@ the state change it caused has been flushed to the table (see :mod:`tables.cache
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ from agents.codec import (
     Transaction,
     dead_letter,
     decode_transaction,
+    feature_record,
     late_record,
     prediction,
 )
@@ -30,7 +32,7 @@ from agents.ingest import RawRecord, RecordBatch
 from agents.metrics import BoundaryMetrics
 from agents.runtime import ModelInfo
 from tables.cache import StateCache
-from tables.features import apply_event, replayable
+from tables.features import apply_event, feature_set_version, replayable
 
 __all__ = ["Outputs", "Pipeline", "ScoringItem"]
 
@@ -48,6 +50,7 @@ class Outputs:
     dlq_topic: str
     late_topic: str
     send: Send
+    feature_log_topic: str | None = None  # None: no feature log
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +100,12 @@ class Pipeline:
     async def handle(self, batch: RecordBatch) -> None:
         """Route, apply and submit one batch of records from one partition, in offset order."""
         cache, partition, lateness_ms = self.cache, batch.partition, self._lateness_ms
-        if self._metrics is not None:
-            self._metrics.events_in.inc(len(batch.records))
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.events_in.inc(len(batch.records))
+            now_ms, ingest = time.time() * 1000, metrics.stage.labels("ingest")
+            for record in batch.records:
+                ingest.observe(max(0.0, now_ms - record.timestamp) / 1000)
         watermark = cache.watermark(partition)
         items: list[tuple[tuple[float, ...], ScoringItem]] = []
         for record in batch.records:
@@ -165,6 +172,7 @@ class Pipeline:
     async def deliver(self, result: BatchResult[ScoringItem], info: ModelInfo, threshold: float) -> None:
         """Send a scored batch (dead letters for rows whose inference failed); ack once delivered."""
         outputs = self._outputs
+        feature_log, feature_set = outputs.feature_log_topic, _feature_set(info.feature_names)
         deliveries = []
         size = len(result.items)
         if result.row_errors:
@@ -181,25 +189,38 @@ class Pipeline:
                     routed_at_ms=_now_ms())
                 deliveries.append(await outputs.send(item.batch, outputs.dlq_topic, record.key, value))
                 continue
-            value = prediction(
-                item.tx, score=score, threshold=threshold, model=info.tag, feature_names=info.feature_names,
-                features=item.features, queue_ms=queue_ms, infer_ms=result.infer_ms, batch_size=size)
-            deliveries.append(await outputs.send(
-                item.batch, outputs.predictions_topic, item.tx.card_id.encode(), value))
+            key = item.tx.card_id.encode()
+            value = prediction(item.tx, score=score, threshold=threshold, model=info.tag, queue_ms=queue_ms,
+                               infer_ms=result.infer_ms, batch_size=size)
+            deliveries.append(await outputs.send(item.batch, outputs.predictions_topic, key, value))
+            if feature_log is not None:
+                features = feature_record(item.tx, feature_set=feature_set, features=item.features)
+                deliveries.append(await outputs.send(item.batch, feature_log, key, features))
         # Not awaited: the boundary's next batch need not wait for the broker. The records are
         # acknowledged (and so become committable) only once every output is delivered.
-        self._track(asyncio.gather(*deliveries), lambda done: self._scored_delivered(done, result))
+        sent_at = time.perf_counter()
+        self._track(asyncio.gather(*deliveries), lambda done: self._scored_delivered(done, result, sent_at))
 
-    def _scored_delivered(self, done: asyncio.Future[Any], result: BatchResult[ScoringItem]) -> None:
+    def _scored_delivered(self, done: asyncio.Future[Any], result: BatchResult[ScoringItem], sent_at: float) -> None:
         if self._failed(done):
             return
-        if self._metrics is not None:
+        metrics = self._metrics
+        if metrics is not None:
             failed = len(result.row_errors)
-            self._metrics.events_out.labels("prediction").inc(len(result.items) - failed)
+            metrics.events_out.labels("prediction").inc(len(result.items) - failed)
             if failed:
-                self._metrics.events_out.labels("dead_letter").inc(failed)
+                metrics.events_out.labels("dead_letter").inc(failed)
+            metrics.stage.labels("delivery").observe(time.perf_counter() - sent_at)
+            now_ms, end_to_end = time.time() * 1000, metrics.end_to_end
+            for item in result.items:
+                end_to_end.observe(max(0.0, now_ms - item.record.timestamp) / 1000)
         acks = [(item.batch, item.record.offset) for item in result.items]
         self.cache.ack_when_flushed(max(item.state_epoch for item in result.items), lambda: _ack(acks))
+
+
+@functools.lru_cache(maxsize=8)
+def _feature_set(names: tuple[str, ...]) -> str:
+    return feature_set_version(names)
 
 
 def _ack(acks: list[tuple[RecordBatch, int]]) -> None:

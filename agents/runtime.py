@@ -48,7 +48,6 @@ class ModelInfo:
     def tag(self) -> str:
         return f"{self.name}@{self.version}"
 
-
 def _session(path: Path, providers: list[str], threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 4  # failures surface as exceptions, logged by seam with context

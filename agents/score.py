@@ -22,6 +22,7 @@ from mode import Service
 from agents import ingest
 from agents.boundary import BatchResult, ModelBoundary
 from agents.metrics import BoundaryMetrics
+from agents.outputs import OutputProducer
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from agents.runtime import ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
@@ -46,10 +47,6 @@ logger = logging.getLogger(__name__)
 
 # internal=True: Faust also declares these (seam creates them earlier, see app.topics).
 transactions_topic = app.topic(settings.input_topic, partitions=settings.topic_partitions, internal=True)
-
-
-async def _send(batch: ingest.RecordBatch, topic: str, key: bytes | None, value: bytes) -> Any:
-    return await app.producer.send(topic, key, value, partition=None, timestamp=None, headers=None)
 
 
 # Exactly-once: outputs, state and offsets go into one transaction per input partition per commit.
@@ -102,6 +99,7 @@ class ScoringService(Service):
         self.pipeline: Pipeline | None = None
         self.metrics = BoundaryMetrics()
         self.changelog_producer: ChangelogProducer | None = None
+        self.output_producer: OutputProducer | None = None
         self._ready = asyncio.Event()
 
     async def on_start(self) -> None:
@@ -123,13 +121,18 @@ class ScoringService(Service):
             max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
             adaptive=settings.adaptive_batching, observer=self.metrics)
         self.metrics.model.labels(runtime.info.tag, runtime.info.provider).set(1)
-        send = _send if transactions is None else transactions.send
-        outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send)
+        if transactions is None:
+            self.output_producer = OutputProducer(settings.broker_bootstrap)
+            await self.output_producer.start()
+        send = transactions.send if transactions is not None else self.output_producer.send  # type: ignore[union-attr]
+        outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send,
+                          feature_log_topic=settings.feature_log_topic or None)
         lateness_ms = int(settings.allowed_lateness_s * 1000)
         store_card, store_max_ts = _state_writers()
         cache = StateCache(
             load_card=load_state, load_watermark=load_watermark, store_card=store_card, store_watermark=store_max_ts,
-            allowed_lateness_ms=lateness_ms,
+            allowed_lateness_ms=lateness_ms, max_clean_cards=settings.state_cache_cards,
+            max_clean_events=settings.state_cache_events,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
         self.pipeline = Pipeline(
             boundary, outputs, cache, allowed_lateness_ms=lateness_ms,
@@ -147,13 +150,14 @@ class ScoringService(Service):
     async def on_stop(self) -> None:
         # The app has stopped fetching by now. Commit what is delivered while the changelog producer
         # still runs (the consumer's own last commit comes after this service has stopped).
-        if self.pipeline is not None and self.changelog_producer is not None:
+        if self.pipeline is not None and self.output_producer is not None:
             await app.consumer.commit()
         if self.boundary is not None:
             self.boundary.close()
-        if self.changelog_producer is not None:
-            producer, self.changelog_producer = self.changelog_producer, None
-            await producer.stop()
+        for producer in (self.output_producer, self.changelog_producer):
+            if producer is not None:
+                await producer.stop()
+        self.output_producer = self.changelog_producer = None
 
     async def wait_ready(self) -> Pipeline:
         """Return the pipeline once the model is loaded."""
@@ -171,6 +175,15 @@ class ScoringService(Service):
             raise
         except Exception as exc:
             await self.crash(exc)
+
+    @Service.task
+    async def _watch_event_loop(self) -> None:
+        """Measure how late the event loop runs a timer: what every record waits for when it stalls."""
+        interval_s, lag = 0.05, self.metrics.loop_lag
+        while not self.should_stop:
+            started = time.perf_counter()
+            await asyncio.sleep(interval_s)
+            lag.observe(max(0.0, time.perf_counter() - started - interval_s))
 
     async def _deliver(self, result: BatchResult[ScoringItem]) -> None:
         assert self.pipeline is not None and self.runtime is not None
@@ -228,7 +241,8 @@ if settings.ingest == "batch":
         return committed
 
     ingest.install(app, commit_offsets=None if transactions is None else _commit_transactions,
-                   fetch=ingest.FetchOptions(settings.fetch_min_bytes, settings.fetch_max_wait_ms))
+                   fetch=ingest.FetchOptions(settings.fetch_min_bytes, settings.fetch_max_wait_ms),
+                   observe_commit=scoring.metrics.commit.observe)
 
     @ingest.before_revoke
     async def _flush_boundary() -> None:
@@ -270,6 +284,11 @@ if settings.ingest == "batch":
                 raise ingest.SkipCommit(f"{buffer.size} changelog records could not be sent")
             await buffer.flush()
         elapsed_ms = (time.perf_counter() - started) * 1000
+        metrics = scoring.metrics
+        metrics.state_flush.observe(elapsed_ms / 1000)
+        metrics.state_writes.inc(writes)
+        metrics.cached_cards.set(cache.cached_cards())
+        metrics.cached_events.set(cache.events_held())
         log = logger.warning if elapsed_ms > 250 else logger.debug
         log("state flush: %d table writes in %.1f ms", writes, elapsed_ms)
 

@@ -38,6 +38,8 @@ class Settings:
     predictions_topic: str = "predictions"
     dlq_topic: str = "transactions-dlq"
     late_topic: str = "transactions-late"
+    # Each prediction's point-in-time features, for retraining; empty turns the feature log off.
+    feature_log_topic: str = "features"
     topic_partitions: int = 8
     topic_replication_factor: int = 1
     max_poll_records: int = 2000
@@ -75,6 +77,10 @@ class Settings:
     fraud_threshold: float = 0.5
     # Event time.
     allowed_lateness_s: float = 60.0
+    # Card states kept in memory beyond what is being changed (the rest is read back from RocksDB):
+    # at most this many cards and this many events held in them (about 0.23 KB per event).
+    state_cache_cards: int = 100_000
+    state_cache_events: int = 1_000_000
     # Input records with a larger value go to the dead-letter topic as too_large.
     max_record_bytes: int = 64 * 1024
     # Scaling: warm copies of each table partition kept on other workers (Faust's standby replicas),
@@ -121,6 +127,9 @@ class Settings:
         if self.allowed_lateness_s < 0:
             raise SettingsError(
                 f"SEAM_ALLOWED_LATENESS_S must be >= 0, got {self.allowed_lateness_s}")
+        if self.state_cache_cards < 1 or self.state_cache_events < 1:
+            raise SettingsError("SEAM_STATE_CACHE_CARDS and SEAM_STATE_CACHE_EVENTS must be >= 1, got "
+                                f"{self.state_cache_cards} and {self.state_cache_events}")
         if self.standby_replicas < 0:
             raise SettingsError(f"SEAM_STANDBY_REPLICAS must be >= 0, got {self.standby_replicas}")
 

@@ -43,7 +43,8 @@ async def ensure_topics(
 
 def declare_topics(settings: Settings, changelogs: list[str], timeout_s: float = 60.0) -> None:
     """Create the input, output and table changelog topics; callable before Faust's loop runs."""
-    names = [settings.input_topic, settings.predictions_topic, settings.dlq_topic, settings.late_topic]
+    names = [settings.input_topic, settings.predictions_topic, settings.dlq_topic, settings.late_topic,
+             *([settings.feature_log_topic] if settings.feature_log_topic else [])]
     coro = ensure_topics(settings.broker_bootstrap, names, settings.topic_partitions,
                          settings.topic_replication_factor, compacted=changelogs)
     # Its own thread and loop: Faust's loop is not running yet and must not be replaced.

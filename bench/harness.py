@@ -38,7 +38,7 @@ from rich.progress import Progress, TaskID
 
 from app.loadgen import produce
 from app.synthetic import TransactionGenerator
-from bench.job import Expected, compare, load_model, reference
+from bench.job import Expected, compare, feature_log_by_id, load_model, reference
 from bench.kafka import (
     PARTITIONS,
     OffsetWatch,
@@ -153,6 +153,7 @@ class Run:
                 "SEAM_BROKER_URL": f"kafka://{self.bootstrap}", "SEAM_APP_ID": self.app_id,
                 "SEAM_INPUT_TOPIC": self.topic("tx"), "SEAM_PREDICTIONS_TOPIC": self.topic("pred"),
                 "SEAM_DLQ_TOPIC": self.topic("dlq"), "SEAM_LATE_TOPIC": self.topic("late"),
+                "SEAM_FEATURE_LOG_TOPIC": self.topic("feat"),
                 "SEAM_DATA_DIR": str(data), "SEAM_WEB_PORT": str(_free_port()), "SEAM_MODEL_PATH": str(self.model_path),
                 "SEAM_TOPIC_PARTITIONS": str(PARTITIONS),
                 "SEAM_ADAPTIVE_BATCHING": "false" if self.mode == "seam-fixed" else "true",
@@ -291,13 +292,19 @@ class Bench:
             "events_per_s": round((len(outputs) - 1) / span_s), "inputs": count, "outputs": len(outputs),
             "span_s": round(span_s, 3), "drained": len(outputs) >= count}}
         if run.mode != CEILING:
-            result["correctness"] = self.check(run.model, [v for _, v in outputs], count)
+            feature_log = None
+            if run.mode.startswith("seam"):  # seam writes features to a feature log of their own
+                topic = run.topic("feat")
+                feature_log = feature_log_by_id(
+                    v for _, v in await read_range(self.bootstrap, topic, {}, await end_offsets(self.bootstrap, topic)))
+            result["correctness"] = self.check(run.model, [v for _, v in outputs], count, feature_log)
         return result
 
-    def check(self, model: str, values: list[bytes], count: int) -> dict[str, Any]:
+    def check(self, model: str, values: list[bytes], count: int,
+              feature_log: dict[str, tuple[float, ...]] | None = None) -> dict[str, Any]:
         """Compare a mode's predictions with the reference features and scores of the inputs it answered."""
         expected = self._reference(model, count)
-        return compare(expected, self._tags[model], values)
+        return compare(expected, self._tags[model], values, feature_log)
 
     def _reference(self, model: str, count: int) -> Expected:
         key = (model, count)

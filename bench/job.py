@@ -9,7 +9,7 @@ events below their partition's watermark to the late topic, apply the event to i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,9 +72,10 @@ def score_one(runtime: ModelRuntime, features: tuple[float, ...]) -> tuple[float
 
 def encode_prediction(info: ModelInfo, tx: Transaction, features: tuple[float, ...], score: float,
                       infer_ms: float) -> bytes:
-    """The prediction record seam writes, for a batch of one."""
-    return prediction(tx, score=score, threshold=THRESHOLD, model=info.tag, feature_names=info.feature_names,
-                      features=features, queue_ms=0.0, infer_ms=infer_ms, batch_size=1)
+    """The record a peer writes for a batch of one: seam's prediction and its feature-log record in one."""
+    record = orjson.loads(prediction(tx, score=score, threshold=THRESHOLD, model=info.tag, queue_ms=0.0,
+                                     infer_ms=infer_ms, batch_size=1))
+    return orjson.dumps(record | {"features": features})
 
 
 Expected = dict[str, tuple[tuple[float, ...], float]]
@@ -98,19 +99,29 @@ def reference(records: Iterable[tuple[int, bytes]], runtime: ModelRuntime) -> Ex
     return {i: (features[i], s) for i, s in zip(ids, scores, strict=True)}
 
 
-def parse_prediction(value: bytes) -> tuple[str, tuple[float, ...], float, bool, str]:
-    """(id, features in spec order, score, is_fraud, model) of a prediction record."""
+def parse_prediction(value: bytes, feature_log: Mapping[str, tuple[float, ...]]
+                     ) -> tuple[str, tuple[float, ...], float, bool, str]:
+    """(id, features in spec order, score, is_fraud, model) of a prediction record.
+
+    A peer's record carries its features; seam's are in ``feature_log`` (id -> features) instead.
+    """
     obj = orjson.loads(value)
-    feats = obj["features"]
-    return obj["id"], tuple(feats[n] for n in DEFAULT_SPEC.names), obj["score"], obj["is_fraud"], obj["model"]
+    features = tuple(obj["features"]) if "features" in obj else feature_log.get(obj["id"], ())
+    return obj["id"], features, obj["score"], obj["is_fraud"], obj["model"]
 
 
-def compare(expected: Expected, tag: str, values: Sequence[bytes]) -> dict[str, Any]:
+def feature_log_by_id(values: Iterable[bytes]) -> dict[str, tuple[float, ...]]:
+    """id -> features of seam's feature-log records."""
+    return {(obj := orjson.loads(value))["id"]: tuple(obj["features"]) for value in values}
+
+
+def compare(expected: Expected, tag: str, values: Sequence[bytes],
+            feature_log: Mapping[str, tuple[float, ...]] | None = None) -> dict[str, Any]:
     """Check prediction records against the reference: ids, features (exactly), scores, flags, model."""
     seen: dict[str, tuple[tuple[float, ...], float, bool, str]] = {}
     duplicates = 0
     for value in values:
-        tx_id, features, score, is_fraud, model = parse_prediction(value)
+        tx_id, features, score, is_fraud, model = parse_prediction(value, feature_log or {})
         duplicates += tx_id in seen
         seen.setdefault(tx_id, (features, score, is_fraud, model))
     known = [i for i in seen if i in expected]

@@ -46,7 +46,7 @@ class StateCache:
         scope: Scope,
         allowed_lateness_ms: int,
         max_clean_cards: int = 100_000,
-        max_clean_events: int = 2_000_000,
+        max_clean_events: int = 1_000_000,
     ) -> None:
         self._load_card = load_card
         self._store_card = store_card

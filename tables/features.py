@@ -29,12 +29,14 @@ highest evicted time for ``secs_since_prev``.
 
 from __future__ import annotations
 
+import hashlib
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
     "DEFAULT_SPEC", "Applied", "CardState", "FeatureSpec", "Watermark", "apply_event", "event_ids",
+    "feature_set_version",
     "latest_features", "new_state", "replayable", "upgrade_state",
 ]
 
@@ -64,6 +66,16 @@ class FeatureSpec:
     @property
     def max_window_ms(self) -> int:
         return max(self.windows_s) * 1000
+
+    @property
+    def version(self) -> str:
+        """Names the feature set (its names in order): the feature log's records carry it."""
+        return feature_set_version(self.names)
+
+
+def feature_set_version(names: tuple[str, ...]) -> str:
+    """``<count>-<first 12 hex digits of SHA-256 of the comma-joined names>``: equal iff the names are."""
+    return f"{len(names)}-{hashlib.sha256(','.join(names).encode()).hexdigest()[:12]}"
 
 
 DEFAULT_SPEC = FeatureSpec()

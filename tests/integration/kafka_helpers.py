@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from app.topics import assign_all, ensure_topics
+from tables.features import DEFAULT_SPEC
 
 PASSTHROUGH = Path(__file__).resolve().parents[2] / "scripts" / "passthrough_app.py"
 
@@ -32,10 +33,12 @@ class Topics:
     dlq: str
     late: str
     app_id: str
+    features: str
 
     @classmethod
     def unique(cls, suffix: str) -> Topics:
-        return cls(f"tx-{suffix}", f"pred-{suffix}", f"dlq-{suffix}", f"late-{suffix}", f"seam-{suffix}")
+        return cls(f"tx-{suffix}", f"pred-{suffix}", f"dlq-{suffix}", f"late-{suffix}", f"seam-{suffix}",
+                   f"feat-{suffix}")
 
     def env(self) -> dict[str, str]:
         return {
@@ -43,6 +46,7 @@ class Topics:
             "SEAM_PREDICTIONS_TOPIC": self.predictions,
             "SEAM_DLQ_TOPIC": self.dlq,
             "SEAM_LATE_TOPIC": self.late,
+            "SEAM_FEATURE_LOG_TOPIC": self.features,
             "SEAM_APP_ID": self.app_id,
         }
 
@@ -201,15 +205,35 @@ async def collect(
     return out
 
 
+def outcomes_done(topics: Topics, ids: set[str]) -> Callable[[dict[str, list[dict[str, Any]]]], bool]:
+    """Every id in ``ids`` is scored (with its feature-log record) or late."""
+
+    def done(out: dict[str, list[dict[str, Any]]]) -> bool:
+        scored = {p["id"] for p in out[topics.predictions]}
+        return (scored | {r["event"]["id"] for r in out[topics.late]} >= ids
+                and {f["id"] for f in out[topics.features]} >= scored)
+
+    return done
+
+
 async def collect_outcomes(bootstrap: str, topics: Topics, ids: set[str], timeout_s: float,
                            read_committed: bool = False) -> dict[str, list[dict[str, Any]]]:
-    """Read predictions, late records and dead letters until every id in ``ids`` is scored or late."""
-    return await collect(
-        bootstrap, [topics.predictions, topics.late, topics.dlq],
-        done=lambda o: {p["id"] for p in o[topics.predictions]} | {r["event"]["id"] for r in o[topics.late]} >= ids,
-        timeout_s=timeout_s, read_committed=read_committed)
+    """Read predictions, feature log, late records and dead letters until every id in ``ids`` is scored or late."""
+    return await collect(bootstrap, [topics.predictions, topics.features, topics.late, topics.dlq],
+                         done=outcomes_done(topics, ids), timeout_s=timeout_s, read_committed=read_committed)
+
+
+def with_features(out: dict[str, list[dict[str, Any]]], topics: Topics) -> list[dict[str, Any]]:
+    """The predictions, each with the features of its feature-log record (by name), which must exist."""
+    logged = {f["id"]: f for f in out[topics.features]}
+    joined = []
+    for p in out[topics.predictions]:
+        record = logged[p["id"]]
+        assert record["feature_set"] == DEFAULT_SPEC.version and record["card_id"] == p["card_id"], record
+        joined.append(p | {"features": dict(zip(DEFAULT_SPEC.names, record["features"], strict=True))})
+    return joined
 
 
 def prepare_topics(bootstrap: str, topics: Topics, partitions: int = 4) -> None:
-    asyncio.run(ensure_topics(bootstrap, [topics.input, topics.predictions, topics.dlq, topics.late],
-                              partitions))
+    asyncio.run(ensure_topics(bootstrap, [topics.input, topics.predictions, topics.dlq, topics.late,
+                                          topics.features], partitions))

@@ -16,7 +16,15 @@ import pytest
 
 from app.synthetic import TransactionGenerator
 from tests.conftest import free_port
-from tests.integration.kafka_helpers import Topics, Worker, collect_outcomes, encode, prepare_topics, produce_raw
+from tests.integration.kafka_helpers import (
+    Topics,
+    Worker,
+    collect_outcomes,
+    encode,
+    prepare_topics,
+    produce_raw,
+    with_features,
+)
 from tests.integration.test_pipeline import stream_with_late_and_duplicates, with_partitions
 from tests.reference import Scored, replay
 
@@ -70,7 +78,7 @@ def test_three_sigkills_lose_nothing_and_keep_features_exact(
     finally:
         producer.join()
         code = worker.stop()
-    predictions: list[dict[str, Any]] = out[topics.predictions]
+    predictions: list[dict[str, Any]] = with_features(out, topics)
     scored = Counter(p["id"] for p in predictions)
     late = {r["event"]["id"] for r in out[topics.late]}
     assert kills == 3
@@ -129,6 +137,6 @@ def test_exactly_once_through_a_join_and_a_sigkill(kafka_bootstrap: str, tmp_pat
     assert set(outputs) == all_ids, "a transaction was lost"
     assert max(outputs.values()) == 1, f"{sum(outputs.values()) - len(outputs)} outputs were committed twice"
     assert {p["id"] for p in out[topics.predictions]} == set(features)
-    for p in out[topics.predictions]:
+    for p in with_features(out, topics):
         assert p["features"] == pytest.approx(features[p["id"]], rel=1e-9), p["id"]
     assert code == 0, second.log_tail() if second is not None else ""

@@ -22,6 +22,7 @@ from tests.integration.kafka_helpers import (
     encode,
     prepare_topics,
     produce_raw,
+    with_features,
 )
 from tests.reference import Late, Scored, replay
 
@@ -80,10 +81,12 @@ def run(
     try:
         worker.wait_ready()
         outputs = asyncio.run(collect(
-            kafka_bootstrap, [topics.predictions, topics.dlq, topics.late],
+            kafka_bootstrap, [topics.predictions, topics.features, topics.dlq, topics.late],
             done=lambda out: (len(out[topics.predictions]) >= scored and len(out[topics.dlq]) >= len(MALFORMED)
-                              and len(out[topics.late]) >= len(expected) - scored),
+                              and len(out[topics.late]) >= len(expected) - scored
+                              and len(out[topics.features]) >= scored),
             timeout_s=120))
+        outputs["joined"] = with_features(outputs, topics)
         model_view = orjson.loads(worker.get("/model/")[1])
         card = events[0]["card_id"]
         features_view = worker.get(f"/features/{card}/")
@@ -107,14 +110,19 @@ def test_every_transaction_is_scored_or_late_as_the_reference_says(run: dict[str
     assert sum(want_scored.values()) > len(want_scored), "the stream should exercise redeliveries"
 
 
-def test_predictions_carry_score_model_features_and_timing(run: dict[str, Any]) -> None:
-    for p in run["outputs"][run["topics"].predictions]:
+def test_predictions_carry_score_model_and_timing_and_the_feature_log_their_features(run: dict[str, Any]) -> None:
+    topics = run["topics"]
+    for p in run["outputs"][topics.predictions]:
+        assert set(p) == {"id", "card_id", "ts", "score", "is_fraud", "model", "timing", "_kafka_ts"}
         assert 0.0 <= p["score"] <= 1.0
         assert p["is_fraud"] == (p["score"] >= 0.5)
         assert p["model"] == "fraud-mlp@1"
-        assert list(p["features"]) == list(DEFAULT_SPEC.names)
         assert set(p["timing"]) == {"queue_ms", "infer_ms", "batch_size"}
         assert 1 <= p["timing"]["batch_size"] <= 256
+    assert Counter(f["id"] for f in run["outputs"][topics.features]) == Counter(
+        p["id"] for p in run["outputs"][topics.predictions])
+    for f in run["outputs"][topics.features]:
+        assert f["feature_set"] == DEFAULT_SPEC.version and len(f["features"]) == len(DEFAULT_SPEC.names)
 
 
 def test_features_match_the_independent_reference(run: dict[str, Any]) -> None:
@@ -122,7 +130,7 @@ def test_features_match_the_independent_reference(run: dict[str, Any]) -> None:
     for event, outcome in zip(run["events"], run["expected"], strict=True):
         if isinstance(outcome, Scored):
             reference.setdefault(event["id"], outcome.features)
-    for p in run["outputs"][run["topics"].predictions]:
+    for p in run["outputs"]["joined"]:
         assert p["features"] == pytest.approx(reference[p["id"]], rel=1e-9), p["id"]
 
 
@@ -165,7 +173,7 @@ def test_web_views_report_model_and_card_state(run: dict[str, Any]) -> None:
     card = run["events"][0]["card_id"]
     applied = {e["id"] for e, o in zip(run["events"], run["expected"], strict=True) if isinstance(o, Scored)}
     last_id = [tx["id"] for tx in run["events"] if tx["card_id"] == card and tx["id"] in applied][-1]
-    prediction = next(p for p in run["outputs"][run["topics"].predictions] if p["id"] == last_id)
+    prediction = next(p for p in run["outputs"]["joined"] if p["id"] == last_id)
     assert answer["card_id"] == card and answer["event_id"] == last_id
     assert answer["features"] == prediction["features"]
     assert answer["watermark"] is not None

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import free_port
-from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw
+from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw, with_features
 from tests.integration.test_pipeline import stream_with_late_and_duplicates, with_partitions
 from tests.reference import Late, Scored, replay
 
@@ -44,13 +44,14 @@ def test_wiped_worker_restores_state_and_watermarks_from_the_changelog(kafka_boo
         try:
             worker.wait_ready()
             out = asyncio.run(collect(
-                kafka_bootstrap, [topics.predictions, topics.late],
+                kafka_bootstrap, [topics.predictions, topics.features, topics.late],
                 done=lambda o: ({p["id"] for p in o[topics.predictions]} >= scored_ids
+                                and {f["id"] for f in o[topics.features]} >= scored_ids
                                 and {r["event"]["id"] for r in o[topics.late]} >= late_ids),
                 timeout_s=120))
         finally:
             assert worker.stop() == 0, worker.log_tail()
-        return out[topics.predictions] + [{"late": r} for r in out[topics.late]]
+        return with_features(out, topics) + [{"late": r} for r in out[topics.late]]
 
     run_worker(first, HALF)
     shutil.rmtree(data_dir)  # the local RocksDB state is gone: only the changelog topics remain

@@ -16,7 +16,7 @@ import pytest
 
 from app.synthetic import TransactionGenerator
 from tests.conftest import free_port
-from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw
+from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw, with_features
 from tests.integration.test_pipeline import with_partitions
 from tests.reference import Scored, replay
 
@@ -112,8 +112,12 @@ def test_join_and_sigkill_mid_stream_lose_nothing_and_keep_features_exact(
             return ({p["id"] for p in out[topics.predictions]} | {r["event"]["id"] for r in out[topics.late]}
                     | {orjson.loads(r["value"])["id"] for r in out[topics.dlq]})
 
-        out = asyncio.run(collect(kafka_bootstrap, [topics.predictions, topics.late, topics.dlq],
-                                  done=lambda o: accounted(o) >= all_ids, timeout_s=240))
+        def complete(out: dict[str, list[dict[str, Any]]]) -> bool:
+            return (accounted(out) >= all_ids
+                    and {f["id"] for f in out[topics.features]} >= {p["id"] for p in out[topics.predictions]})
+
+        out = asyncio.run(collect(kafka_bootstrap, [topics.predictions, topics.features, topics.late, topics.dlq],
+                                  done=complete, timeout_s=240))
         survivors = [a, c]
         final_views = wait_for_cluster(survivors)
         cards = sorted(last_applied)[::20]
@@ -130,7 +134,7 @@ def test_join_and_sigkill_mid_stream_lose_nothing_and_keep_features_exact(
     assert TOTAL // 2 <= killed_at < TOTAL, f"the kill did not land mid-stream ({killed_at} produced)"
     assert codes[0] == 0 and codes[2] == 0 and codes[1] == -signal.SIGKILL, (codes, logs)
 
-    predictions: list[dict[str, Any]] = out[topics.predictions]
+    predictions: list[dict[str, Any]] = with_features(out, topics)
     scored = Counter(p["id"] for p in predictions)
     assert accounted(out) == all_ids, f"{len(all_ids - accounted(out))} transactions lost\n{logs}"
     assert set(scored) == set(first_features), "scored exactly the events the reference scores"

@@ -9,7 +9,16 @@ import pytest
 
 from app.synthetic import TransactionGenerator
 from bench.harness import latency_percentiles
-from bench.job import THRESHOLD, compare, encode_prediction, load_model, prepare, reference, score_one
+from bench.job import (
+    THRESHOLD,
+    compare,
+    encode_prediction,
+    feature_log_by_id,
+    load_model,
+    prepare,
+    reference,
+    score_one,
+)
 from bench.report import replace_section
 from tables.features import Watermark
 
@@ -45,10 +54,21 @@ def test_per_record_predictions_match_the_reference(scored: tuple[dict, str, lis
     assert result["wrong_model"] == 0
 
 
+def test_compare_reads_seams_features_from_its_feature_log(scored: tuple[dict, str, list[bytes]]) -> None:
+    expected, tag, values = scored
+    records = [orjson.loads(v) for v in values]
+    predictions = [orjson.dumps({k: v for k, v in r.items() if k != "features"}) for r in records]
+    feature_log = feature_log_by_id(orjson.dumps({"id": r["id"], "features": r["features"]}) for r in records)
+    assert compare(expected, tag, predictions, feature_log)["feature_mismatches"] == 0
+    feature_log[records[0]["id"]] = (0.0,) * len(records[0]["features"])
+    assert compare(expected, tag, predictions, feature_log)["feature_mismatches"] == 1
+    assert compare(expected, tag, predictions)["feature_mismatches"] == len(values)  # no features at all
+
+
 def test_compare_counts_every_kind_of_difference(scored: tuple[dict, str, list[bytes]]) -> None:
     expected, tag, values = scored
     bad_features = orjson.loads(values[0])
-    bad_features["features"]["count_60"] += 1
+    bad_features["features"][0] += 1  # count_60
     bad_score = orjson.loads(values[1])
     bad_score["score"] = 1.0 - bad_score["score"]
     bad_score["is_fraud"] = bad_score["score"] >= THRESHOLD

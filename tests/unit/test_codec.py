@@ -21,6 +21,7 @@ from agents.codec import (
     Transaction,
     dead_letter,
     decode_transaction,
+    feature_record,
     late_record,
     prediction,
 )
@@ -267,14 +268,13 @@ def test_decoded_transactions_can_always_be_encoded() -> None:
     )
     result = decode_transaction(raw)
     if isinstance(result, Transaction):
-        # Accepting it means the scoring path must be able to write its prediction.
+        # Accepting it means the scoring path must be able to write its prediction and features.
+        feature_record(result, feature_set="1-x", features=(1.0,))
         prediction(
             result,
             score=0.5,
             threshold=0.5,
             model="m@1",
-            feature_names=("f",),
-            features=(1.0,),
             queue_ms=0.0,
             infer_ms=0.0,
             batch_size=1,
@@ -405,15 +405,13 @@ def make_tx(**overrides: Any) -> Transaction:
 
 
 def test_prediction_fields() -> None:
-    """A prediction has the event's identity, score, decision, model, named features and timing."""
+    """A prediction has the event's identity, score, decision, model and timing (features go elsewhere)."""
     out = orjson.loads(
         prediction(
             make_tx(),
             score=0.875,
             threshold=0.5,
             model="fraud-mlp@1",
-            feature_names=("a", "b", "c"),
-            features=(1.0, 2.5, -1.0),
             queue_ms=1.23456,
             infer_ms=0.98765,
             batch_size=17,
@@ -426,10 +424,14 @@ def test_prediction_fields() -> None:
         "score": 0.875,
         "is_fraud": True,
         "model": "fraud-mlp@1",
-        "features": {"a": 1.0, "b": 2.5, "c": -1.0},
         "timing": {"queue_ms": 1.235, "infer_ms": 0.988, "batch_size": 17},
     }
-    assert list(out["features"]) == ["a", "b", "c"]
+
+
+def test_feature_record_fields() -> None:
+    """A feature-log record names the event, its feature set, and the values in the set's order."""
+    out = orjson.loads(feature_record(make_tx(), feature_set="3-abc", features=(1.0, 2.5, -1.0)))
+    assert out == {"id": "tx-9", "card_id": "c-9", "ts": TS, "feature_set": "3-abc", "features": [1.0, 2.5, -1.0]}
 
 
 @pytest.mark.parametrize(
@@ -443,30 +445,12 @@ def test_prediction_threshold_is_inclusive(score: float, flag: bool) -> None:
             score=score,
             threshold=0.5,
             model="m",
-            feature_names=(),
-            features=(),
             queue_ms=0,
             infer_ms=0,
             batch_size=1,
         )
     )
     assert out["is_fraud"] is flag
-
-
-def test_prediction_rejects_mismatched_feature_lengths() -> None:
-    """Names and values must pair up exactly."""
-    with pytest.raises(ValueError):
-        prediction(
-            make_tx(),
-            score=0.1,
-            threshold=0.5,
-            model="m",
-            feature_names=("a", "b"),
-            features=(1.0,),
-            queue_ms=0,
-            infer_ms=0,
-            batch_size=1,
-        )
 
 
 def test_late_record_fields(record: Callable[..., dict[str, Any]]) -> None:
