@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Hold one worker at a fixed open-loop rate for a while; report latency and memory minute by minute.
+
+    .venv/bin/python scripts/soak.py --rate 3000 --cards 100000 --duration 1800   # the 30-minute run
+    .venv/bin/python scripts/soak.py --rate 4000 --cards 20000 --duration 60      # a one-minute probe
+
+It starts a local broker on ``--port`` unless one answers there (and stops only one it started), creates
+fresh topics (outputs with ``LogAppendTime``), starts ``seam worker`` with ``--seam-env`` settings, sends
+transactions on a fixed schedule, and measures each prediction's broker append time minus its input's
+timestamp. Every ``--window`` seconds it prints p50/p99/max latency, the worker's resident memory, its
+event-loop lag (``seam_event_loop_lag_seconds``) and its state cache (``seam_state_cached_*``). With
+``--out`` the windows are also written as JSON. Everything started is stopped at the end, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kafka_local  # noqa: E402
+
+from app.synthetic import TransactionGenerator  # noqa: E402
+from app.topics import assign_all  # noqa: E402
+from bench.kafka import create_topics  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTITIONS = 4
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The sums, counts and gauges of a Prometheus text page (histogram buckets left out)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
+        for line in response.read().decode().splitlines():
+            if line.startswith("#") or "_bucket{" in line:
+                continue
+            name, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                out[name] = float(value)
+    return out
+
+
+def loop_lag_max_ms(url: str) -> float:
+    """The largest event-loop lag bucket that has observations beyond the previous one (upper bound)."""
+    worst = 0.0
+    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
+        previous = 0.0
+        for line in response.read().decode().splitlines():
+            if line.startswith("seam_event_loop_lag_seconds_bucket{"):
+                bound = line.split('le="')[1].split('"')[0]
+                count = float(line.rpartition(" ")[2])
+                if count > previous and bound != "+Inf":
+                    worst = float(bound) * 1000
+                elif count > previous:
+                    worst = float("inf")
+                previous = count
+    return worst
+
+
+class Window:
+    """Latencies observed in one window of the run."""
+
+    def __init__(self) -> None:
+        self.latency_ms: list[int] = []
+
+
+async def follow(bootstrap: str, topic: str, sent_ms: dict[str, int], windows: list[Window], started: float,
+                 window_s: float, stop: asyncio.Event) -> None:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await assign_all(consumer, bootstrap, [topic], from_end=False)
+        while not stop.is_set():
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                for record in records:
+                    tx_id = orjson.loads(record.value)["id"]
+                    sent = sent_ms.pop(tx_id, None)
+                    if sent is None:
+                        continue  # a repeat
+                    index = min(len(windows) - 1, int((sent / 1000 - started) // window_s))
+                    windows[max(0, index)].latency_ms.append(record.timestamp - sent)
+    finally:
+        await consumer.stop()
+
+
+async def produce(bootstrap: str, topic: str, rate: float, duration_s: float, cards: int,
+                  sent_ms: dict[str, int]) -> None:
+    generator = TransactionGenerator(cards=cards, seed=7, id_prefix=f"soak{uuid.uuid4().hex[:6]}",
+                                     start_ms=int(time.time() * 1000), late_rate=0.0)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2)
+    await producer.start()
+    try:
+        started, sent = time.monotonic(), 0
+        total = int(rate * duration_s)
+        while sent < total:
+            due = int((time.monotonic() - started) * rate) + 1
+            while sent < min(due, total):
+                tx = next(generator)[0]
+                tx["ts"] = int(time.time() * 1000)  # event time = now: the horizon fills as in production
+                future = await producer.send(topic, orjson.dumps(tx), key=tx["card_id"].encode())
+                sent_ms[tx["id"]] = int(time.time() * 1000)
+                future.add_done_callback(lambda f, i=tx["id"]: sent_ms.__setitem__(i, f.result().timestamp)
+                                         if i in sent_ms and not f.exception() else None)
+                sent += 1
+            await asyncio.sleep(0.002)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
+    suffix = uuid.uuid4().hex[:8]
+    source, sink = f"soak-tx-{suffix}", f"soak-pred-{suffix}"
+    names = {"dlq": f"soak-dlq-{suffix}", "late": f"soak-late-{suffix}", "feat": f"soak-feat-{suffix}"}
+    await create_topics(bootstrap, [], partitions=PARTITIONS, log_append_time=[source, sink, *names.values()])
+    port = free_port()
+    data = Path(args.data_dir) / suffix
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_")} | {
+        "SEAM_BROKER_URL": f"kafka://{bootstrap}", "SEAM_APP_ID": f"soak-{suffix}", "SEAM_INPUT_TOPIC": source,
+        "SEAM_PREDICTIONS_TOPIC": sink, "SEAM_DLQ_TOPIC": names["dlq"], "SEAM_LATE_TOPIC": names["late"],
+        "SEAM_DATA_DIR": str(data), "SEAM_WEB_PORT": str(port), "SEAM_TOPIC_PARTITIONS": str(PARTITIONS),
+    } | dict(item.split("=", 1) for item in args.seam_env)
+    if "feature_log_topic" in (args.worker_root / "app" / "settings.py").read_text():
+        env["SEAM_FEATURE_LOG_TOPIC"] = names["feat"]
+    data.mkdir(parents=True, exist_ok=True)
+    log = (data / "worker.log").open("wb")
+    worker = subprocess.Popen([sys.executable, "-m", "app", "worker", "-l", "warn"], env=env, cwd=args.worker_root,
+                              stdout=log, stderr=subprocess.STDOUT)
+    metrics_url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/ready/",  # noqa: S310
+                                                                     timeout=2) as r:
+                if r.status == 200:
+                    break
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"soak: the worker is not ready; see {data / 'worker.log'}")
+            await asyncio.sleep(0.5)
+        windows = [Window() for _ in range(int(np.ceil(args.duration / args.window)))]
+        sent_ms: dict[str, int] = {}
+        stop = asyncio.Event()
+        started = time.time()
+        following = asyncio.create_task(follow(bootstrap, sink, sent_ms, windows, started, args.window, stop))
+        producing = asyncio.create_task(produce(bootstrap, source, args.rate, args.duration, args.cards, sent_ms))
+        report: list[dict[str, Any]] = []
+        for index in range(len(windows)):
+            await asyncio.sleep(max(0.0, started + (index + 1) * args.window - time.time()))
+            report.append({"window": index, "rss_mb": round(rss_mb(worker.pid), 1),
+                           "loop_lag_max_ms_so_far": loop_lag_max_ms(metrics_url),
+                           **{k: v for k, v in scrape(metrics_url).items() if k.startswith("seam_state_cached")}})
+        await producing
+        await asyncio.sleep(args.drain)
+        stop.set()
+        await following
+        for row, window in zip(report, windows, strict=True):
+            lat = np.asarray(window.latency_ms or [0])
+            row |= {"answered": len(window.latency_ms), "p50_ms": float(np.percentile(lat, 50)),
+                    "p99_ms": float(np.percentile(lat, 99)), "max_ms": float(lat.max())}
+            print(json.dumps(row), flush=True)
+        unanswered = len(sent_ms)
+        print(json.dumps({"unanswered": unanswered, "sent": int(args.rate * args.duration)}), flush=True)
+        return report
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        log.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=3000.0, help="events per second, open loop")
+    parser.add_argument("--duration", type=float, default=1800.0, help="seconds of load")
+    parser.add_argument("--cards", type=int, default=100_000)
+    parser.add_argument("--window", type=float, default=60.0, help="seconds per reported window")
+    parser.add_argument("--drain", type=float, default=5.0, help="seconds to wait for the last answers")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("KAFKA_PORT", "9092")))
+    parser.add_argument("--data-dir", default=str(ROOT / ".data" / "soak"))
+    parser.add_argument("--seam-env", action="append", default=[], metavar="SEAM_NAME=VALUE")
+    parser.add_argument("--out", type=Path, help="write the windows as JSON here")
+    parser.add_argument("--worker-root", type=Path, default=ROOT,
+                        help="run the worker from this checkout (to compare versions in one environment)")
+    args = parser.parse_args()
+    started_broker = False
+    if subprocess.run([sys.executable, kafka_local.__file__, "status", "--port", str(args.port)],
+                      capture_output=True).returncode != 0:
+        subprocess.run([sys.executable, kafka_local.__file__, "up", "--port", str(args.port)], check=True)
+        started_broker = True
+    try:
+        report = asyncio.run(run(args, f"127.0.0.1:{args.port}"))
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1))
+    finally:
+        if started_broker:
+            subprocess.run([sys.executable, kafka_local.__file__, "down", "--port", str(args.port)])
+
+
+if __name__ == "__main__":
+    main()
