@@ -64,6 +64,9 @@ class ScoringItem:
     state_epoch: int
 
 
+HANDLE_STEP_S = 0.002  # the most work a batch's handling does in one event-loop turn (checked per 64 records)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -108,7 +111,16 @@ class Pipeline:
                 ingest.observe(max(0.0, now_ms - record.timestamp) / 1000)
         watermark = cache.watermark(partition)
         items: list[tuple[tuple[float, ...], ScoringItem]] = []
-        for record in batch.records:
+        step_started = time.perf_counter()
+        for index, record in enumerate(batch.records):
+            if index % 64 == 63 and time.perf_counter() - step_started > HANDLE_STEP_S:
+                # A fetch can hold thousands of records: hand over what is ready and let the
+                # boundary and the deliveries run, instead of holding the loop for the whole fetch.
+                if items:
+                    await self._boundary.submit_many(items)
+                    items = []
+                await asyncio.sleep(0)
+                step_started = time.perf_counter()
             tx = decode_transaction(record.value, self._max_record_bytes)
             if isinstance(tx, Invalid):
                 await self._route(batch, record, "dead_letter", self._outputs.dlq_topic, dead_letter(

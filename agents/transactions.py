@@ -183,9 +183,7 @@ class TransactionalOutputs:
                 {TopicPartition(self._input_topic, partition): OffsetAndMetadata(offset, "")}, self._group_id)
         await state.producer.commit_transaction()
         state.in_transaction = False
-        scope = functools.partial(table_partition, self._input_topic)
-        for write in staged:
-            store(write, scope)
+        store(staged, functools.partial(table_partition, self._input_topic))
         # The commit marker follows the transaction's last record in this (single-writer) changelog
         # partition: a restart resumes after it instead of waiting to read past it.
         persist_offsets(staged, offsets, offset_step=1)

@@ -46,6 +46,8 @@ class Settings:
     # Offsets (and the state cache's changelog writes) are committed this often: after a crash, at
     # most about this much input is processed again.
     commit_interval_s: float = 1.0
+    # At least once: changed card state is written behind this often, so a commit has little left.
+    state_write_interval_s: float = 0.25
     # How long the group waits for a silent worker (killed, partitioned) before moving its partitions.
     session_timeout_s: float = 10.0
     # A fetch waits up to fetch_max_wait_ms for fetch_min_bytes of new records: fewer, larger
@@ -112,6 +114,8 @@ class Settings:
             raise SettingsError(f"SEAM_DEVICE must be auto, cpu or cuda, got {self.device!r}")
         if not 0.0 <= self.fraud_threshold <= 1.0:
             raise SettingsError(f"SEAM_FRAUD_THRESHOLD must be in [0, 1], got {self.fraud_threshold}")
+        if self.state_write_interval_s <= 0:
+            raise SettingsError(f"SEAM_STATE_WRITE_INTERVAL_S must be > 0, got {self.state_write_interval_s}")
         if self.commit_interval_s <= 0:
             raise SettingsError(f"SEAM_COMMIT_INTERVAL_S must be > 0, got {self.commit_interval_s}")
         if self.fetch_min_bytes < 1:

@@ -150,7 +150,8 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
         "SEAM_PREDICTIONS_TOPIC": sink, "SEAM_DLQ_TOPIC": names["dlq"], "SEAM_LATE_TOPIC": names["late"],
         "SEAM_DATA_DIR": str(data), "SEAM_WEB_PORT": str(port), "SEAM_TOPIC_PARTITIONS": str(PARTITIONS),
     } | dict(item.split("=", 1) for item in args.seam_env)
-    if "feature_log_topic" in (args.worker_root / "app" / "settings.py").read_text():
+    if "feature_log_topic" in (args.worker_root / "app" / "settings.py").read_text() and \
+            "SEAM_FEATURE_LOG_TOPIC" not in env:
         env["SEAM_FEATURE_LOG_TOPIC"] = names["feat"]
     data.mkdir(parents=True, exist_ok=True)
     log = (data / "worker.log").open("wb")
@@ -181,6 +182,8 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
                            **{k: v for k, v in scrape(metrics_url).items() if k.startswith("seam_state_cached")}})
         await producing
         await asyncio.sleep(args.drain)
+        with contextlib.suppress(OSError), urllib.request.urlopen(metrics_url, timeout=2) as response:  # noqa: S310
+            (data / "metrics.txt").write_bytes(response.read())
         stop.set()
         await following
         for row, window in zip(report, windows, strict=True):

@@ -66,6 +66,7 @@ class StateCache:
         self._flushed_epoch = 0  # changes stamped below this are written
         self.flushes = 0
         self.writes = 0
+        self.last_events_held = 0  # as of the last trim
 
     def card(self, partition: int, card_id: str) -> CardState:
         """The card's state (from the cache, else the table, else new); mark it changed with touch()."""
@@ -199,7 +200,7 @@ class StateCache:
         states; a dropped state is read back from the table when its card comes again.
         """
         cards = sum(len(c) for c in self._cards.values())
-        events = self.events_held()
+        events = self.last_events_held = self.events_held()
         if cards <= self._max_clean_cards and events <= self._max_clean_events:
             return
         card_goal, event_goal = self._max_clean_cards * 3 // 4, self._max_clean_events * 3 // 4
@@ -211,6 +212,7 @@ class StateCache:
                 events -= events_held(cached.pop(card_id))
                 stored.pop(card_id, None)
                 cards -= 1
+                self.last_events_held = events
 
     def events_held(self) -> int:
         """Events held in all cached card states (what the cache's memory grows with)."""

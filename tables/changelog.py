@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
+import rocksdict
 from aiokafka import AIOKafkaProducer
 from faust.types import TP
 
@@ -36,17 +37,39 @@ Scope = Callable[[int], AbstractContextManager[object]]
 def encode(table: Any, partition: int, key: Any, value: Any) -> Write:
     """A table write encoded by the table's own store (the bytes its changelog and RocksDB hold)."""
     store = table.data
-    return table, partition, store._encode_key(key), None if value is None else store._encode_value(value)
+    # Raw tables (bytes keys or values) store what they are given: skip Faust's serializer layers.
+    raw_key = key if table.key_type is bytes and isinstance(key, bytes) else store._encode_key(key)
+    if value is None or (table.value_type is bytes and isinstance(value, bytes)):
+        return table, partition, raw_key, value
+    return table, partition, raw_key, store._encode_value(value)
 
 
-def store(write: Write, scope: Scope) -> None:
-    """Put one encoded write (``None``: a delete) into its partition's RocksDB store (no changelog record)."""
-    table, partition, key, value = write
-    with scope(partition):
-        if value is None:
-            table.data._del(key)
-        else:
-            table.data._set(key, value)
+def store(writes: Iterable[Write], scope: Scope) -> None:
+    """Put encoded writes (``None``: a delete) into their partitions' RocksDB stores (no changelog records).
+
+    The writes of one table partition go in one RocksDB write batch (one write-ahead-log append
+    instead of one per key); a store that is not RocksDB gets them one by one.
+    """
+    groups: dict[tuple[Any, int], list[Write]] = {}
+    for write in writes:
+        groups.setdefault((write[0], write[1]), []).append(write)
+    for (table, partition), group in groups.items():
+        data = table.data
+        if getattr(data, "use_rocksdict", False):
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for _table, _partition, key, value in group:
+                if value is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
+            data._db_for_partition(partition).write(batch)
+            continue
+        with scope(partition):
+            for _table, _partition, key, value in group:
+                if value is None:
+                    data._del(key)
+                else:
+                    data._set(key, value)
 
 
 def persist_offsets(writes: Iterable[Write], offsets: Iterable[int], *, offset_step: int = 0) -> None:
@@ -69,13 +92,23 @@ class ChangelogWriter:
         self._send = send
         self._scope = scope
         self._writes: list[Write] = []
+        self._unstored = 0  # the last writes, not yet in the local stores
         self.failed: BaseException | None = None
 
     def write(self, table: Any, partition: int, key: Any, value: Any) -> None:
-        """Write ``key`` in ``partition`` of ``table`` to the store now, and queue its changelog record."""
-        write = encode(table, partition, key, value)
-        store(write, self._scope)
-        self._writes.append(write)
+        """Queue a write of ``key`` in ``partition`` of ``table``: for the store, and for the changelog.
+
+        It is readable from the store after :meth:`store_pending` (the worker calls it after every
+        step of a state flush, before anything can read the table) or :meth:`flush`.
+        """
+        self._writes.append(encode(table, partition, key, value))
+        self._unstored += 1
+
+    def store_pending(self) -> None:
+        """Put the writes queued since the last call into the local stores."""
+        if self._unstored:
+            store(self._writes[-self._unstored:], self._scope)
+            self._unstored = 0
 
     def __len__(self) -> int:
         return len(self._writes)
@@ -88,6 +121,7 @@ class ChangelogWriter:
         """
         if self.failed is not None:  # once lost, the changes are not in the changelog: never commit past them
             raise RuntimeError("an earlier changelog write failed") from self.failed
+        self.store_pending()
         writes, self._writes = self._writes, []
         if not writes:
             return 0

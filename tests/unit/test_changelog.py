@@ -45,6 +45,9 @@ class Topic:
 
 
 class Table:
+    key_type = None  # Faust's default: keys and values go through the store's serializers
+    value_type = None
+
     def __init__(self, name: str) -> None:
         self.data = Store()
         self.changelog_topic = Topic(f"{name}-changelog")
@@ -87,6 +90,8 @@ def test_writes_reach_the_store_at_once_and_the_changelog_on_flush() -> None:
     writer.write(table, 3, b"c-1", {"n": 1})
     writer.write(table, 3, b"c-1", {"n": 2})
     writer.write(table, 0, b"c-9", {"n": 7})
+    assert table.data.rows == {}
+    writer.store_pending()
     assert table.data.rows[(3, b'"c-1"')] == b'{"n":2}'  # readable before the flush
     assert broker.log == {} and len(writer) == 3
     assert asyncio.run(writer.flush()) == 3

@@ -146,8 +146,14 @@ def test_exactly_once_internals_keep_their_shape() -> None:
         assert f"self._{name} = {name}" in inspect.getsource(AIOKafkaConsumer.__init__), name
         assert f"{name}=self._{name}" in inspect.getsource(AIOKafkaConsumer.start), name
     for name, params in [("_encode_key", ["self", "key"]), ("_encode_value", ["self", "value"]),
-                         ("_set", ["self", "key", "value"]), ("set_persisted_offset", ["self", "tp", "offset"])]:
+                         ("_set", ["self", "key", "value"]), ("set_persisted_offset", ["self", "tp", "offset"]),
+                         ("_db_for_partition", ["self", "partition"])]:
         assert list(inspect.signature(getattr(RocksStore, name)).parameters) == params, name
+    # tables.changelog writes rocksdict WriteBatches to the stores that say they use rocksdict.
+    from faust.stores import rocksdb as faust_rocksdb
+
+    assert faust_rocksdb.USE_ROCKSDICT is True
+    assert "self.use_rocksdict = USE_ROCKSDICT" in inspect.getsource(RocksStore.__init__)
 
 
 def test_current_partition_reads_the_table_partition_scope() -> None:
