@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 import orjson
 
-from agents.codec import Invalid, Transaction, dead_letter, decode_transaction, late_record, prediction
+from agents.codec import (
+    Invalid,
+    Transaction,
+    dead_letter,
+    decode_feature_record,
+    decode_transaction,
+    late_record,
+    prediction,
+)
 from agents.runtime import ModelInfo, ModelRuntime
 from tables.features import DEFAULT_SPEC, CardState, Watermark, apply_event, new_state
 
@@ -112,7 +120,7 @@ def parse_prediction(value: bytes, feature_log: Mapping[str, tuple[float, ...]]
 
 def feature_log_by_id(values: Iterable[bytes]) -> dict[str, tuple[float, ...]]:
     """id -> features of seam's feature-log records."""
-    return {(obj := orjson.loads(value))["id"]: tuple(obj["features"]) for value in values}
+    return {(record := decode_feature_record(value)).id: record.features for value in values}
 
 
 def compare(expected: Expected, tag: str, values: Sequence[bytes],

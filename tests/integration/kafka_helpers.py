@@ -18,6 +18,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from agents.codec import FEATURE_RECORD_FORMAT, decode_feature_record
 from app.topics import assign_all, ensure_topics
 from tables.features import DEFAULT_SPEC
 
@@ -177,6 +178,15 @@ def encode(tx: dict[str, Any]) -> tuple[bytes, bytes]:
     return tx["card_id"].encode(), orjson.dumps(tx)
 
 
+def decode_output(key: bytes | None, value: bytes) -> dict[str, Any]:
+    """A seam output as a dict: JSON, or a binary feature-log record (it starts with its format byte)."""
+    if value[:1] == bytes([FEATURE_RECORD_FORMAT]):
+        record = decode_feature_record(value)
+        return {"id": record.id, "card_id": key.decode() if key else None, "ts": record.ts,
+                "feature_set": record.feature_set, "features": list(record.features)}
+    return dict(orjson.loads(value))
+
+
 async def collect(
     bootstrap: str,
     topics: list[str],
@@ -185,7 +195,7 @@ async def collect(
     settle_s: float = 2.0,
     read_committed: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Read JSON records from the start of ``topics`` until ``done`` holds (then ``settle_s`` more)."""
+    """Read records (:func:`decode_output`) from the start of ``topics`` until ``done`` holds (then ``settle_s``)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 isolation_level="read_committed" if read_committed else "read_uncommitted")
     await consumer.start()
@@ -197,7 +207,7 @@ async def collect(
         while time.monotonic() < (settle_until or deadline):
             batch = await consumer.getmany(timeout_ms=200)
             for tp, records in batch.items():
-                out[tp.topic] += [orjson.loads(r.value) | {"_kafka_ts": r.timestamp} for r in records]
+                out[tp.topic] += [decode_output(r.key, r.value) | {"_kafka_ts": r.timestamp} for r in records]
             if settle_until is None and done(out):
                 settle_until = time.monotonic() + settle_s
     finally:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import orjson
 import pytest
 
+from agents.codec import feature_record
 from app.synthetic import TransactionGenerator
 from bench.harness import latency_percentiles
 from bench.job import (
@@ -20,7 +22,7 @@ from bench.job import (
     score_one,
 )
 from bench.report import replace_section
-from tables.features import Watermark
+from tables.features import DEFAULT_SPEC, Watermark
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "fraud-mlp.onnx"
 
@@ -58,7 +60,9 @@ def test_compare_reads_seams_features_from_its_feature_log(scored: tuple[dict, s
     expected, tag, values = scored
     records = [orjson.loads(v) for v in values]
     predictions = [orjson.dumps({k: v for k, v in r.items() if k != "features"}) for r in records]
-    feature_log = feature_log_by_id(orjson.dumps({"id": r["id"], "features": r["features"]}) for r in records)
+    feature_log = feature_log_by_id(
+        feature_record(SimpleNamespace(id=r["id"], ts=r["ts"]), feature_set=DEFAULT_SPEC.version,  # type: ignore[arg-type]
+                       features=r["features"]) for r in records)
     assert compare(expected, tag, predictions, feature_log)["feature_mismatches"] == 0
     feature_log[records[0]["id"]] = (0.0,) * len(records[0]["features"])
     assert compare(expected, tag, predictions, feature_log)["feature_mismatches"] == 1

@@ -17,14 +17,17 @@ from hypothesis import strategies as st
 from agents.codec import (
     MAX_ID_CHARS,
     MAX_RECORD_BYTES,
+    FeatureRecord,
     Invalid,
     Transaction,
     dead_letter,
+    decode_feature_record,
     decode_transaction,
     feature_record,
     late_record,
     prediction,
 )
+from tables.features import DEFAULT_SPEC
 
 TS = 1_764_500_000_123
 PROPERTY = hsettings(max_examples=300, derandomize=True, database=None, deadline=None)
@@ -269,7 +272,7 @@ def test_decoded_transactions_can_always_be_encoded() -> None:
     result = decode_transaction(raw)
     if isinstance(result, Transaction):
         # Accepting it means the scoring path must be able to write its prediction and features.
-        feature_record(result, feature_set="1-x", features=(1.0,))
+        decode_feature_record(feature_record(result, feature_set="1-0123456789ab", features=(1.0,)))
         prediction(
             result,
             score=0.5,
@@ -428,10 +431,25 @@ def test_prediction_fields() -> None:
     }
 
 
-def test_feature_record_fields() -> None:
-    """A feature-log record names the event, its feature set, and the values in the set's order."""
-    out = orjson.loads(feature_record(make_tx(), feature_set="3-abc", features=(1.0, 2.5, -1.0)))
-    assert out == {"id": "tx-9", "card_id": "c-9", "ts": TS, "feature_set": "3-abc", "features": [1.0, 2.5, -1.0]}
+def test_feature_record_round_trips_compactly() -> None:
+    """A feature-log record names the event, its time, its feature set, and the values in the set's order."""
+    value = feature_record(make_tx(), feature_set="3-0123456789ab", features=(1.0, 2.5, -1.0))
+    assert decode_feature_record(value) == FeatureRecord("tx-9", TS, "3-0123456789ab", (1.0, 2.5, -1.0))
+    assert len(value) == 17 + 3 * 8 + len("tx-9")
+
+
+@given(st.text(min_size=1, max_size=40), st.lists(st.floats(allow_nan=False), min_size=15, max_size=15))
+def test_any_id_and_features_round_trip(event_id: str, values: list[float]) -> None:
+    tx = make_tx(id=event_id)
+    record = decode_feature_record(feature_record(tx, feature_set=DEFAULT_SPEC.version, features=values))
+    assert record == FeatureRecord(event_id, TS, DEFAULT_SPEC.version, tuple(values))
+
+
+def test_an_unknown_feature_record_format_is_refused() -> None:
+    value = bytearray(feature_record(make_tx(), feature_set="1-0123456789ab", features=(1.0,)))
+    value[0] = 9
+    with pytest.raises(ValueError, match="format 9"):
+        decode_feature_record(bytes(value))
 
 
 @pytest.mark.parametrize(
