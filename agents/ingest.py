@@ -65,6 +65,8 @@ from faust.transport.consumer import ack_lock
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, AppT, TopicT
 
+from agents.epochs import AssignmentEpochs
+
 __all__ = [
     "Acker",
     "BatchConsumer",
@@ -234,19 +236,21 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.epoch = 0
-        self.stale_acks = 0
+        self.epochs = AssignmentEpochs()  # what may be handed over, and from where (agents.epochs)
         self._background_commit: asyncio.Future[None] | None = None
         self._intake = asyncio.Lock()
         self._committing = asyncio.Lock()
-        self._handed: dict[TP, int] = {}  # per partition, the offset after the last record handed over this epoch
         self.transaction_offsets: dict[TP, int] = {}  # offsets this worker committed in transactions
-        # Records that arrive after a rebalance but before Faust has sought to the committed offsets
-        # may come from a position the consumer took before the previous owner's last commit was
-        # visible: they wait for that seek and then pass the read-offset filter like any others.
-        self._sought_epoch = -1
-        self._held: dict[TP, list[Any]] = {}
-        self._held_epoch = 0
+
+    @property
+    def epoch(self) -> int:
+        """The assignment epoch: it changes whenever partitions are revoked."""
+        return self.epochs.epoch
+
+    @property
+    def stale_acks(self) -> int:
+        """Acknowledgements dropped because their batch was fetched before a revocation."""
+        return self.epochs.stale_acks
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _TunedConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -266,17 +270,15 @@ class BatchConsumer(faust_aiokafka.Consumer):
                                        "be delivered again", REVOKE_FLUSH_TIMEOUT_S)
                 await self._bounded_while_stopping(self._commit_after_hooks(None, True))
             # Any batch fetched before this point may no longer be ours: its acks are dropped.
-            self.epoch += 1
-            self._handed.clear()
+            self.epochs.revoke()
         await super().on_partitions_revoked(revoked)
 
     async def perform_seek(self) -> None:
-        epoch = self.epoch
+        started_in = self.epochs.seek_started()
         await super().perform_seek()
         if self.offset_committer is not None:
             await self._seek_past_own_commits()
-        if self.epoch == epoch:
-            self._sought_epoch = epoch
+        self.epochs.seek_done(started_in)
 
     async def _seek_past_own_commits(self) -> None:
         # A transaction's offsets become visible once the broker has written its commit markers,
@@ -293,13 +295,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 await self.seek(tp, offset)
 
     async def _deliver_held(self) -> None:
-        held, self._held = self._held, {}
-        if self._held_epoch != self.epoch:
-            return  # another rebalance since: these may not even be ours
-        for tp, tp_records in held.items():
-            # The same records can have been fetched (and held) twice, around Faust's seeks.
-            unique = sorted({record.offset: record for record in tp_records}.values(), key=lambda r: r.offset)
-            await self._deliver_batch(tp, unique, _handlers[tp.topic])
+        for tp, tp_records in self.epochs.take_held().items():
+            await self._deliver_batch(tp, tp_records, _handlers[tp.topic])
 
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
         return await self._bounded_while_stopping(self._commit_one_at_a_time(topics, start_new_transaction))
@@ -359,8 +356,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
     def ack_offsets(self, tp: TP, offsets: Iterable[int], epoch: int) -> int:
         """Mark ``offsets`` of ``tp`` acknowledged unless the assignment changed; return how many."""
-        if epoch != self.epoch:
-            self.stale_acks += 1
+        if not self.epochs.accepts(epoch):
             return 0
         with ack_lock:
             committed = self._committed_offset[tp]
@@ -377,7 +373,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 records, active = await self._wait_next_records(1.0)
-                if self._held and self._sought_epoch == self.epoch and self.flow_active and not self.should_stop:
+                if self.epochs.holding and self.epochs.positioned and self.flow_active and not self.should_stop:
                     # Even if nothing new came: the seek may have left the position past these.
                     await self._deliver_held()
                 if not records or self.should_stop:
@@ -436,10 +432,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
             raise
 
     async def _deliver_batch_now(self, tp: TP, tp_records: list[Any], handler: BatchHandler, epoch: int) -> None:
-        if self._sought_epoch != epoch:  # not yet positioned at the committed offsets since the rebalance
-            if self._held_epoch != epoch:
-                self._held, self._held_epoch = {}, epoch
-            self._held.setdefault(tp, []).extend(tp_records)
+        if not self.epochs.positioned:  # not yet sought to the committed offsets since the rebalance
+            self.epochs.hold(tp, tp_records)
             return
         if tp not in self.assignment():
             # Fetched before a rebalance that gave the partition to another worker, which reads
@@ -447,13 +441,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
             return
         # For batch-handled partitions the read offset is the next offset expected, as Faust's seek
         # sets it (Faust's own loop then stores the last offset read, and lets a re-fetch of that
-        # record through again).
-        expected = self._read_offset[tp]
-        handed = self._handed.get(tp)
-        if handed is not None and (expected is None or handed > expected):
-            # Faust seeks to the committed offsets again at the end of a restore, after records may
-            # already have been handed over in this epoch: never hand the same record over twice.
-            expected = handed
+        # record through again); never back before what this epoch handed over already.
+        expected = self.epochs.next_offset(tp, self._read_offset[tp])
         fresh = []
         for record in tp_records:  # in offset order, each once (held records may repeat a fetch)
             if expected is not None and record.offset < expected:
@@ -468,7 +457,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
             expected = record.offset + 1
         if not fresh:
             return
-        self._read_offset[tp] = self._handed[tp] = fresh[-1].offset + 1
+        self._read_offset[tp] = fresh[-1].offset + 1
+        self.epochs.handed(tp, fresh[-1].offset + 1)
         batch = RecordBatch(tp.topic, tp.partition, fresh, lambda offsets: self.ack_offsets(tp, offsets, epoch),
                             epoch)
         try:

@@ -106,7 +106,7 @@ async def test_gaps_count_as_acknowledged_but_not_the_record_after_them(consumer
 async def test_acks_from_before_a_revocation_are_dropped(consumer: ingest.BatchConsumer) -> None:
     tp = TP("t", 0)
     stale_epoch = consumer.epoch
-    consumer.epoch += 1  # what on_partitions_revoked does
+    consumer.epochs.revoke()  # what on_partitions_revoked does
     assert consumer.ack_offsets(tp, [0, 1, 2], stale_epoch) == 0
     assert consumer.stale_acks == 1
     assert consumer._new_offset(tp) is None
@@ -177,7 +177,7 @@ def positioned(consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch) 
     """A consumer owning t[0], sought to offset 0, whose commits and Faust revocation are recorded."""
     tp = TP("t", 0)
     monkeypatch.setattr(consumer, "assignment", lambda: {tp})
-    consumer._sought_epoch = consumer.epoch
+    consumer.epochs.seek_done(consumer.epochs.seek_started())
     consumer._read_offset[tp] = 0
     consumer.committed = []  # type: ignore[attr-defined]
 
