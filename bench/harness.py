@@ -37,6 +37,7 @@ from aiokafka.partitioner import murmur2
 from rich.progress import Progress, TaskID
 
 from app.loadgen import produce
+from app.localhost import free_port
 from app.synthetic import TransactionGenerator
 from bench.job import Expected, compare, feature_log_by_id, load_model, reference
 from bench.kafka import (
@@ -154,7 +155,7 @@ class Run:
                 "SEAM_INPUT_TOPIC": self.topic("tx"), "SEAM_PREDICTIONS_TOPIC": self.topic("pred"),
                 "SEAM_DLQ_TOPIC": self.topic("dlq"), "SEAM_LATE_TOPIC": self.topic("late"),
                 "SEAM_FEATURE_LOG_TOPIC": self.topic("feat"),
-                "SEAM_DATA_DIR": str(data), "SEAM_WEB_PORT": str(_free_port()), "SEAM_MODEL_PATH": str(self.model_path),
+                "SEAM_DATA_DIR": str(data), "SEAM_WEB_PORT": str(free_port()), "SEAM_MODEL_PATH": str(self.model_path),
                 "SEAM_TOPIC_PARTITIONS": str(PARTITIONS),
                 "SEAM_ADAPTIVE_BATCHING": "false" if self.mode == "seam-fixed" else "true",
                 "SEAM_INGEST": "stream" if self.mode == "seam-stream" else "batch",
@@ -170,12 +171,6 @@ class Run:
         return [sys.executable, "-m", "bench.faust_app", "worker", "-l", "warn", "--without-web"], env
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _id_of(value: bytes) -> str:

@@ -31,6 +31,7 @@ import orjson
 from bench_common import local_broker, publish
 from rich.console import Console
 
+from app.localhost import free_port
 from app.synthetic import TransactionGenerator
 from app.topics import ensure_topics
 from bench.kafka import output_span, produce_inputs, raw_passthrough
@@ -116,12 +117,6 @@ async def main_async(args: argparse.Namespace, bootstrap: str, workdir: Path) ->
     return results
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def markdown(results: list[dict[str, object]], args: argparse.Namespace) -> str:

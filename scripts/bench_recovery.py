@@ -25,7 +25,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from bench_common import local_broker, publish
 from rich.console import Console
 
+from app.localhost import free_port
 from app.synthetic import TransactionGenerator
 from app.topics import assign_all, ensure_topics
 
@@ -51,10 +51,6 @@ PARTITIONS = 8
 console = Console()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

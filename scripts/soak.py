@@ -31,6 +31,8 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from app.localhost import free_port
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kafka_local  # noqa: E402
 
@@ -42,12 +44,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PARTITIONS = 4
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:

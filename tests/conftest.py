@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,15 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from app.localhost import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_LOCAL = ROOT / "scripts" / "kafka_local.py"
-
-
-def free_port() -> int:
-    """Ask the kernel for a free TCP port on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

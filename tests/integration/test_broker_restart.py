@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from app.localhost import free_port
 from app.synthetic import TransactionGenerator
-from tests.conftest import KAFKA_LOCAL, free_port
+from tests.conftest import KAFKA_LOCAL
 from tests.integration.kafka_helpers import Topics, Worker, collect_outcomes, encode, prepare_topics
 
 pytestmark = pytest.mark.integration

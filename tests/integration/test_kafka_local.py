@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import KAFKA_LOCAL, free_port
+from app.localhost import free_port
+from tests.conftest import KAFKA_LOCAL
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from app.localhost import free_port
 from app.synthetic import TransactionGenerator
-from tests.conftest import free_port
 from tests.integration.kafka_helpers import (
     Topics,
     Worker,

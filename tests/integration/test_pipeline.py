@@ -12,9 +12,9 @@ import orjson
 import pytest
 from aiokafka.partitioner import murmur2
 
+from app.localhost import free_port
 from app.synthetic import TransactionGenerator
 from tables.features import DEFAULT_SPEC
-from tests.conftest import free_port
 from tests.integration.kafka_helpers import (
     Topics,
     Worker,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
+from app.localhost import free_port
 from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw, with_features
 from tests.integration.test_pipeline import stream_with_late_and_duplicates, with_partitions
 from tests.reference import Late, Scored, replay

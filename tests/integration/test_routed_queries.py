@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from app.localhost import free_port
 from app.synthetic import TransactionGenerator
-from tests.conftest import free_port
 from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
+from app.localhost import free_port
 from app.synthetic import TransactionGenerator
-from tests.conftest import free_port
 from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw, with_features
 from tests.integration.test_pipeline import with_partitions
 from tests.reference import Scored, replay
