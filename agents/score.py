@@ -13,15 +13,16 @@ import functools
 import gc
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 from faust import Stream
-from faust.types import TP, EventT
+from faust.types import EventT
 from mode import Service
 
 from agents import ingest
 from agents.boundary import BatchResult, ModelBoundary
+from agents.checkpoint import Checkpoint
 from agents.metrics import BoundaryMetrics
 from agents.outputs import OutputProducer
 from agents.pipeline import Outputs, Pipeline, ScoringItem
@@ -67,9 +68,7 @@ async def _send_changelog(topic: str, partition: int, records: Sequence[tuple[by
 # At least once with batch ingestion: table writes go out in bulk at each commit (tables.changelog).
 changelog = (ChangelogWriter(_send_changelog, functools.partial(ingest.table_partition, settings.input_topic))
              if transactions is None and settings.ingest == "batch" else None)
-# A state flush runs in steps of this much work at most, so records are scored between them.
-FLUSH_STEP_S = 0.002
-# At least once with batch ingestion: writes changed state behind, between commits (set below).
+# Batch ingestion: writes changed state behind, between commits (at least once; set below).
 _state_writer: Callable[[], Awaitable[None]] | None = None
 
 
@@ -107,14 +106,6 @@ def _tune_garbage_collection() -> None:
 
 
 GC_YOUNG_ALLOCATIONS = 20_000
-
-
-def _observe_state_write(cache: StateCache, writes: int, seconds: float) -> None:
-    metrics = scoring.metrics
-    metrics.state_flush.observe(seconds)
-    metrics.state_writes.inc(writes)
-    metrics.cached_cards.set(cache.cached_cards())
-    metrics.cached_events.set(cache.last_events_held)
 
 
 class ScoringService(Service):
@@ -268,86 +259,20 @@ async def _stop_restore_watch(sender: Any, **kwargs: Any) -> None:
 
 
 if settings.ingest == "batch":
-    async def _commit_transactions(offsets: Mapping[TP, int]) -> bool:
-        assert transactions is not None
-        committed = await transactions.commit(offsets)
-        if scoring.pipeline is not None and not transactions.staged:
-            scoring.pipeline.cache.trim()  # the committed states are in RocksDB now
-        return committed
-
-    ingest.install(app, commit_offsets=None if transactions is None else _commit_transactions,
+    # The commit protocol, both guarantees, every step in order: agents/checkpoint.py.
+    checkpoint = Checkpoint(scoring, app, changelog=changelog, transactions=transactions,
+                            write_interval_s=settings.state_write_interval_s)
+    _state_writer = checkpoint.write_behind
+    ingest.install(app, commit_offsets=None if transactions is None else checkpoint.commit_transactions,
                    fetch=ingest.FetchOptions(settings.fetch_min_bytes, settings.fetch_max_wait_ms),
                    observe_commit=scoring.metrics.commit.observe)
-
-    _state_writes = asyncio.Lock()  # one state write at a time: behind, or at a commit
-
-    async def _write_state(cache: StateCache) -> int:
-        """Write changed state (at least once): stepped through the cache, then the changelog, acknowledged."""
-        assert changelog is not None
-        writes = 0
-        started = step_started = time.perf_counter()
-        for written in cache.flushing():
-            writes = written
-            changelog.store_pending()  # before anything (the next step's trim, a view) reads the table
-            if time.perf_counter() - step_started > FLUSH_STEP_S:
-                await asyncio.sleep(0)  # let records be scored: a flush never stalls predictions
-                step_started = time.perf_counter()
-        try:
-            await changelog.flush()
-        except Exception as exc:
-            # The acknowledgements are released but their state is not in the changelog: stop.
-            asyncio.ensure_future(scoring.crash(exc))  # not awaited: stopping commits too
-            raise ingest.SkipCommit(f"changelog records could not be sent: {exc!r}") from exc
-        _observe_state_write(cache, writes, time.perf_counter() - started)
-        return writes
-
-    async def _write_state_behind() -> None:
-        """Every SEAM_STATE_WRITE_INTERVAL_S, write what changed: a commit then finds little left to write."""
-        while not scoring.should_stop:
-            await asyncio.sleep(settings.state_write_interval_s)
-            pipeline = scoring.pipeline
-            if pipeline is None or app.rebalancing or pipeline.cache.dirty_cards() == 0:
-                continue
-            async with _state_writes:
-                try:
-                    await _write_state(pipeline.cache)
-                except ingest.SkipCommit:
-                    return  # the worker is stopping (see _write_state)
-
-    if changelog is not None:
-        _state_writer = _write_state_behind
 
     @ingest.before_revoke
     async def _flush_boundary() -> None:
         if scoring.boundary is not None:
             await scoring.boundary.flush()
 
-    @ingest.before_commit
-    async def _flush_state() -> None:
-        if scoring.pipeline is None:
-            return
-        started = time.perf_counter()
-        cache = scoring.pipeline.cache
-        if transactions is not None:
-            # Intake is held: after these, every record taken is delivered and acknowledged.
-            if scoring.boundary is not None:
-                await scoring.boundary.flush()
-            await scoring.pipeline.delivered()
-            writes = cache.flush(trim=False)  # staged: RocksDB gets them when their transactions commit
-            _observe_state_write(cache, writes, time.perf_counter() - started)
-        else:
-            async with _state_writes:  # what the writer behind has not written yet
-                writes = await _write_state(cache)
-        # Faust's own table writes (none on this path, but the buffer is Faust's) go through its producer
-        # buffer, whose flush gives up after 0.1 s without progress: drain it completely first.
-        buffer = app.producer.buffer
-        while buffer.size:
-            if buffer.state != "running":  # stopping: the records cannot go out, so neither may offsets
-                raise ingest.SkipCommit(f"{buffer.size} changelog records could not be sent")
-            await buffer.flush()
-        elapsed_ms = (time.perf_counter() - started) * 1000
-        log = logger.warning if elapsed_ms > 250 else logger.debug
-        log("state flush: %d table writes in %.1f ms", writes, elapsed_ms)
+    ingest.before_commit(checkpoint.before_offsets)
 
     @ingest.batch_agent(app, transactions_topic)
     async def score_batches(batch: ingest.RecordBatch) -> None:

@@ -1,0 +1,166 @@
+"""agents.checkpoint: the commit protocol's steps and their order, over small real parts and test doubles."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agents.checkpoint import Checkpoint
+from agents.ingest import SkipCommit
+from agents.metrics import BoundaryMetrics
+from tables.cache import StateCache
+from tables.card_store import Stored
+from tables.changelog import ChangelogWriter
+from tables.features import CardState, apply_event
+from tests.unit.test_changelog import Table, scope_for
+
+T = 1_764_500_000_000
+
+
+class Scoring:
+    """The scoring service as a checkpoint sees it, recording what is done to it, in order."""
+
+    def __init__(self, cache: StateCache, log: list[str]) -> None:
+        self.log = log
+        self.pipeline: Any = SimpleNamespace(cache=cache, delivered=self._delivered)
+        self.boundary: Any = SimpleNamespace(flush=self._flush)
+        self.metrics = BoundaryMetrics()
+        self.stopping = False
+        self.crashed: list[BaseException] = []
+
+    async def _delivered(self) -> None:
+        self.log.append("outputs delivered")
+
+    async def _flush(self) -> None:
+        self.log.append("boundary drained")
+
+    @property
+    def should_stop(self) -> bool:
+        return self.stopping
+
+    async def crash(self, reason: BaseException) -> None:
+        self.crashed.append(reason)
+
+
+class App:
+    rebalancing = False
+    producer = SimpleNamespace(buffer=SimpleNamespace(size=0, state="running"))
+
+
+def make_cache(table: Table, log: list[str]) -> tuple[StateCache, list[Any]]:
+    """A state cache whose card writes go through ``write`` (set by the test): one record per card."""
+    writer: list[Any] = []
+
+    def store_card(card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
+        writer[0](table, 0, card_id.encode(), {"n": state["n"]})
+        log.append(f"stage {card_id}")
+        return 1
+
+    cache = StateCache(load_card=lambda _c: None, store_card=store_card, load_watermark=lambda: None,
+                       store_watermark=lambda _ts: None, scope=scope_for(table), allowed_lateness_ms=60_000)
+    return cache, writer
+
+
+def change(cache: StateCache, card_id: str) -> None:
+    state = cache.card(0, card_id)
+    apply_event(state, f"{card_id}-e{state['n']}", T + state["n"], 1.0, "m", allowed_lateness_ms=60_000)
+    cache.touch(0, card_id, T)
+
+
+class Broker:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.fail: Exception | None = None
+        self.records = 0
+
+    async def send(self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]) -> list[int]:
+        await asyncio.sleep(0)
+        if self.fail is not None:
+            raise self.fail
+        self.log.append(f"changelog {len(records)}")
+        first, self.records = self.records, self.records + len(records)
+        return list(range(first, self.records))
+
+
+async def test_at_least_once_writes_the_state_then_the_changelog_and_releases_acks_only_then() -> None:
+    log: list[str] = []
+    table, broker = Table("cards"), Broker(log)
+    cache, writer = make_cache(table, log)
+    changelog = ChangelogWriter(broker.send, scope_for(table))
+    writer.append(changelog.write)
+    scoring = Scoring(cache, log)
+    checkpoint = Checkpoint(scoring, App(), changelog=changelog)
+    change(cache, "a")
+    change(cache, "b")
+    acked: list[str] = []
+    cache.ack_when_flushed(cache.epoch, lambda: acked.append("ack"))
+    await checkpoint.before_offsets()
+    assert log == ["stage a", "stage b", "changelog 2"]
+    assert acked == ["ack"]
+    assert set(table.data.rows) == {(0, b'"a"'), (0, b'"b"')}  # in the local store too
+    assert scoring.metrics.state_writes._value.get() == 2
+
+
+async def test_a_changelog_that_cannot_be_written_skips_the_commit_and_stops_the_worker() -> None:
+    log: list[str] = []
+    table, broker = Table("cards"), Broker(log)
+    cache, writer = make_cache(table, log)
+    changelog = ChangelogWriter(broker.send, scope_for(table))
+    writer.append(changelog.write)
+    scoring = Scoring(cache, log)
+    checkpoint = Checkpoint(scoring, App(), changelog=changelog)
+    change(cache, "a")
+    broker.fail = ConnectionError("broker gone")
+    with pytest.raises(SkipCommit):
+        await checkpoint.before_offsets()
+    await asyncio.sleep(0)
+    assert [type(e) for e in scoring.crashed] == [ConnectionError]
+    change(cache, "b")
+    broker.fail = None
+    with pytest.raises(SkipCommit):  # and no later commit goes either
+        await checkpoint.before_offsets()
+
+
+async def test_exactly_once_drains_the_boundary_then_waits_for_outputs_then_stages_state() -> None:
+    log: list[str] = []
+    table = Table("cards")
+    cache, writer = make_cache(table, log)
+    staged: list[Any] = []
+    writer.append(lambda *write: staged.append(write))
+    transactions: Any = SimpleNamespace(staged=0)
+    scoring = Scoring(cache, log)
+    checkpoint = Checkpoint(scoring, App(), transactions=transactions)
+    change(cache, "a")
+    await checkpoint.before_offsets()
+    assert log == ["boundary drained", "outputs delivered", "stage a"]
+    assert len(staged) == 1 and table.data.rows == {}  # RocksDB gets it only after the commit
+
+
+async def test_state_is_written_behind_between_commits_until_the_worker_stops() -> None:
+    log: list[str] = []
+    table, broker = Table("cards"), Broker(log)
+    cache, writer = make_cache(table, log)
+    changelog = ChangelogWriter(broker.send, scope_for(table))
+    writer.append(changelog.write)
+    scoring = Scoring(cache, log)
+    checkpoint = Checkpoint(scoring, App(), changelog=changelog, write_interval_s=0.01)
+    behind = asyncio.ensure_future(checkpoint.write_behind())
+    change(cache, "a")
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if "changelog 1" in log:
+            break
+    assert log == ["stage a", "changelog 1"]
+    scoring.stopping = True
+    await asyncio.wait_for(behind, 1)
+
+
+def test_a_checkpoint_writes_state_one_way() -> None:
+    log: list[str] = []
+    cache, _ = make_cache(Table("cards"), log)
+    with pytest.raises(ValueError):
+        Checkpoint(Scoring(cache, log), App())
