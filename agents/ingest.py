@@ -347,7 +347,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
             logger.exception("transactional commit failed; stopping (open transactions are aborted by the "
                              "partitions' next owner, and their records processed again)")
             # Not awaited here: stopping commits too, and this commit holds intake until it returns.
-            asyncio.ensure_future(self.crash(exc))
+            self.add_future(self.crash(exc))
             return False
         if committed:
             self._committed_offset.update(offsets)

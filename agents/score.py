@@ -220,7 +220,7 @@ class ScoringService(Service):
         if app.should_stop:
             return  # the producer is closing under a pending send: the record is simply redelivered
         logger.error("an output could not be delivered: %r; stopping the worker", error)
-        asyncio.ensure_future(self.crash(error))
+        self.add_future(self.crash(error))  # owned by the service
 
 
 scoring = ScoringService()
