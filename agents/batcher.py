@@ -7,9 +7,11 @@ Release rules, checked by :meth:`Batcher.due_at` / :meth:`Batcher.ready`:
 1. **Size:** a batch of ``target_size()`` items is waiting (``max_batch_size`` when not adaptive).
 2. **Age:** the oldest waiting item has waited ``max_wait_s`` (the age of the oldest item, not a
    periodic timer).
-3. **Deadline:** each item must be scored within ``sla_s`` of its arrival. The oldest item's deadline
-   comes first, so the batch is released no later than ``oldest.arrived + sla_s - t̂(n)``, where
-   ``t̂(n)`` is the expected inference time of the batch that would be released.
+3. **Deadline:** each item must be scored within ``sla_s`` of its arrival, or by the deadline it
+   brings (the boundary derives it from the input record's broker timestamp, so time spent before
+   the boundary counts). The oldest item's deadline comes first, so the batch is released no later
+   than ``oldest.deadline - t̂(n)``, where ``t̂(n)`` is the expected inference time of the batch that
+   would be released.
 
 Adaptive mode (on by default in a worker) chooses the size target from two online estimates:
 
@@ -147,9 +149,10 @@ class Batcher(Generic[T]):
     def __len__(self) -> int:
         return len(self._queue)
 
-    def add(self, item: T, now: float) -> None:
-        """Queue ``item``, arrived at ``now``."""
-        deadline = now + self.sla_s if self.sla_s is not None else float("inf")
+    def add(self, item: T, now: float, deadline: float | None = None) -> None:
+        """Queue ``item``, arrived at ``now``, to be scored by ``deadline`` (default: ``now`` + the SLA)."""
+        if deadline is None:
+            deadline = now + self.sla_s if self.sla_s is not None else float("inf")
         self._queue.append(Pending(item, now, deadline))
         if self.adaptive:
             self.rate.observe(now)

@@ -48,13 +48,14 @@ class BatchResult(Generic[T]):
     infer_ms: float
     row_errors: dict[int, str] = field(default_factory=dict)
     deadline_misses: int = 0
+    arrived_late: int = 0  # of the misses: items already past their deadline when they reached the boundary
 
 
 class BatchObserver(Protocol):
     """Receives every completed batch (metrics)."""
 
     def on_batch(self, size: int, queue_s: Sequence[float], infer_s: float, failed_rows: int,
-                 deadline_misses: int, target_size: int) -> None: ...
+                 deadline_misses: int, target_size: int, arrived_late: int = 0) -> None: ...
 
 
 @dataclass(slots=True)
@@ -65,6 +66,7 @@ class BoundaryStats:
     items: int = 0
     failed_rows: int = 0
     deadline_misses: int = 0
+    arrived_late: int = 0
     queue_ms_total: float = 0.0
     infer_ms_total: float = 0.0
     recent_queue_ms: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
@@ -82,6 +84,7 @@ class BoundaryStats:
             "items": self.items,
             "failed_rows": self.failed_rows,
             "deadline_misses": self.deadline_misses,
+            "arrived_late": self.arrived_late,
             "mean_batch_size": self.items / self.batches if self.batches else 0.0,
             "mean_queue_ms": self.queue_ms_total / self.items if self.items else 0.0,
             "mean_infer_ms": self.infer_ms_total / self.batches if self.batches else 0.0,
@@ -106,12 +109,15 @@ class ModelBoundary(Generic[T]):
         adaptive: bool = False,
         observer: BatchObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        age_of: Callable[[T], float] | None = None,
     ) -> None:
         if max_inflight_batches < 1:
             raise ValueError(f"max_inflight_batches must be >= 1, got {max_inflight_batches}")
         self._predict = predict
         self._deliver = deliver
         self._clock = clock
+        # How old an item already is when it arrives (seconds): its deadline is its age short of the SLA.
+        self._age_of = age_of
         self._observer = observer
         self.batcher: Batcher[tuple[Sequence[float], T]] = Batcher(
             max_batch_size, max_wait_ms / 1000, sla_s=None if sla_ms is None else sla_ms / 1000, adaptive=adaptive)
@@ -140,7 +146,11 @@ class ModelBoundary(Generic[T]):
             await self._space.wait()
         self._raise_failure()
         batcher = self.batcher
-        batcher.add((features, item), self._clock())
+        now = self._clock()
+        deadline = None
+        if self._age_of is not None and batcher.sla_s is not None:
+            deadline = now + batcher.sla_s - self._age_of(item)
+        batcher.add((features, item), now, deadline)
         size = len(batcher)
         if size == 1 or size >= batcher.target_size():
             self._wakeup.set()
@@ -269,13 +279,15 @@ class ModelBoundary(Generic[T]):
         done = self._clock()
         queue_s = [dispatched - p.arrived for p in batch]
         misses = sum(done > p.deadline for p in batch)
+        arrived_late = sum(p.deadline <= p.arrived for p in batch)
         result = BatchResult([p.item[1] for p in batch], features, scores, [q * 1000 for q in queue_s],
-                             infer_s * 1000, row_errors, misses)
+                             infer_s * 1000, row_errors, misses, arrived_late)
         stats = self.stats
         stats.batches += 1
         stats.items += len(batch)
         stats.failed_rows += len(row_errors)
         stats.deadline_misses += misses
+        stats.arrived_late += arrived_late
         stats.queue_ms_total += sum(result.queue_ms)
         stats.infer_ms_total += result.infer_ms
         stats.recent_queue_ms.extend(result.queue_ms)
@@ -283,7 +295,7 @@ class ModelBoundary(Generic[T]):
         if self._observer is not None:
             try:
                 self._observer.on_batch(len(batch), queue_s, infer_s, len(row_errors), misses,
-                                        self.batcher.target_size())
+                                        self.batcher.target_size(), arrived_late)
             except Exception:  # metrics must never cost a batch
                 logger.exception("batch observer failed")
         try:

@@ -25,8 +25,10 @@ class BoundaryMetrics:
                                      buckets=_SECONDS_BUCKETS, registry=r)
         self.inference = Histogram("seam_inference_seconds", "Model time per batch.", buckets=_SECONDS_BUCKETS,
                                    registry=r)
-        self.deadline_misses = Counter("seam_deadline_misses", "Items delivered after their SLA deadline.",
-                                       registry=r)
+        self.deadline_misses = Counter(
+            "seam_deadline_misses", "Items scored after their SLA deadline, by where it was lost: ingest (already "
+            "late when it reached the boundary) or boundary (queue, inference, delivery order).", ["stage"],
+            registry=r)
         self.failed_rows = Counter("seam_inference_failed_rows", "Rows isolated as failing inference.", registry=r)
         self.events_in = Counter("seam_events_in", "Input records handled.", registry=r)
         self.events_out = Counter("seam_events_out", "Output records delivered.", ["topic_kind"], registry=r)
@@ -52,14 +54,16 @@ class BoundaryMetrics:
                                    registry=r)
 
     def on_batch(self, size: int, queue_s: Sequence[float], infer_s: float, failed_rows: int,
-                 deadline_misses: int, target_size: int) -> None:
+                 deadline_misses: int, target_size: int, arrived_late: int = 0) -> None:
         """Record one completed batch."""
         self.batch_size.observe(size)
         for q in queue_s:
             self.queue_delay.observe(q)
         self.inference.observe(infer_s)
-        if deadline_misses:
-            self.deadline_misses.inc(deadline_misses)
+        if arrived_late:
+            self.deadline_misses.labels("ingest").inc(arrived_late)
+        if deadline_misses > arrived_late:
+            self.deadline_misses.labels("boundary").inc(deadline_misses - arrived_late)
         if failed_rows:
             self.failed_rows.inc(failed_rows)
         self.batch_target.set(target_size)

@@ -91,6 +91,11 @@ def _state_writers() -> tuple[StoreCard, Callable[[int], None]]:
     return write_state, write_watermark
 
 
+def _age_s(item: ScoringItem) -> float:
+    """How long ago the item's input record reached the broker: the deadline counts from there."""
+    return max(0.0, time.time() - item.record.timestamp / 1000)
+
+
 def _tune_garbage_collection() -> None:
     """Keep CPython's cyclic collector from stalling the event loop (reference counting frees the rest).
 
@@ -138,7 +143,7 @@ class ScoringService(Service):
             runtime.predict, self._deliver,
             max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
             max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
-            adaptive=settings.adaptive_batching, observer=self.metrics)
+            adaptive=settings.adaptive_batching, observer=self.metrics, age_of=_age_s)
         self.metrics.model.labels(runtime.info.tag, runtime.info.provider).set(1)
         if transactions is None:
             self.output_producer = OutputProducer(settings.broker_bootstrap)

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -131,7 +132,7 @@ class RecordingObserver:
     calls: list[ObserverCall] = field(default_factory=list)
 
     def on_batch(self, size: int, queue_s: Sequence[float], infer_s: float, failed_rows: int,
-                 deadline_misses: int, target_size: int) -> None:
+                 deadline_misses: int, target_size: int, arrived_late: int = 0) -> None:
         """Record one completed batch."""
         self.calls.append(ObserverCall(size, list(queue_s), infer_s, failed_rows, deadline_misses, target_size))
 
@@ -168,9 +169,12 @@ async def harness() -> AsyncIterator[MakeHarness]:
         sla_ms: float | None = None,
         adaptive: bool = False,
         observer: BatchObserver | None = None,
+        age_of: Callable[[int], float] | None = None,
     ) -> Harness:
         collector = collector or Collector()
-        kwargs = {} if clock is None else {"clock": clock}
+        kwargs: dict[str, Any] = {} if clock is None else {"clock": clock}
+        if age_of is not None:
+            kwargs["age_of"] = age_of
         boundary: ModelBoundary[int] = ModelBoundary(
             predict,
             collector,
@@ -587,6 +591,25 @@ async def test_deadline_misses_counted_when_inference_runs_late(harness: MakeHar
     assert h.boundary.stats.deadline_misses == 1
 
 
+async def test_the_deadline_counts_from_the_input_record_not_from_the_boundary(harness: MakeHarness) -> None:
+    """An item that spent 15 ms before the boundary has 5 ms of a 20 ms SLA left; one 30 ms old has none."""
+    clock = FakeClock(1_000.0)
+    ages = {0: 0.015, 1: 0.030}
+    observer = RecordingObserver()
+    h = harness(max_batch_size=8, max_wait_ms=NEVER_MS, sla_ms=20.0, clock=clock, age_of=ages.__getitem__,
+                observer=observer)
+    await h.boundary.submit(row(0), 0)
+    assert h.boundary.batcher.due_at() == pytest.approx(1_000.005, abs=1e-3)  # 5 ms left, less inference
+    clock.now = 1_000.006
+    await h.collector.wait_items(1)
+    await h.boundary.submit(row(1), 1)  # already past its deadline: released at once, counted as late on arrival
+    await h.collector.wait_items(2)
+    late = h.collector.results[1]
+    assert late.deadline_misses == 1 and late.arrived_late == 1
+    assert h.boundary.stats.arrived_late == 1 and h.boundary.stats.as_dict()["arrived_late"] == 1
+    assert [c.deadline_misses for c in observer.calls] == [1, 1]  # the first one finished at 1000.006
+
+
 async def test_deadline_misses_include_waiting_for_earlier_delivery(harness: MakeHarness) -> None:
     """A batch delivered after a slow delivery of the previous one misses its deadline; the first does not."""
     clock = FakeClock(1_000.0)
@@ -939,6 +962,7 @@ def test_empty_stats_are_zero() -> None:
         "items": 0,
         "failed_rows": 0,
         "deadline_misses": 0,
+        "arrived_late": 0,
         "mean_batch_size": 0.0,
         "mean_queue_ms": 0.0,
         "mean_infer_ms": 0.0,
@@ -965,6 +989,7 @@ def test_stats_means() -> None:
         "items": 6,
         "failed_rows": 1,
         "deadline_misses": 2,
+        "arrived_late": 0,
         "mean_batch_size": 3.0,
         "mean_queue_ms": 2.0,
         "mean_infer_ms": 1.5,
