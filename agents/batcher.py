@@ -36,6 +36,11 @@ Adaptive release is work-conserving:
 
 The age and deadline rules bound every item's wait whatever the estimates say.
 
+**Backlog:** an item that arrives already past its deadline (its input record waited before the
+boundary, for example behind a backlog in the topic) cannot be saved by releasing it at once. While
+the oldest item is such an item, a batch is released when it is full or when that item has waited
+``max_wait_s``, in either mode: full batches clear the backlog fastest.
+
 Items leave in arrival order, so predictions for one card leave in the order its events arrived.
 """
 
@@ -180,6 +185,12 @@ class Batcher(Generic[T]):
         if not self._queue:
             return None
         oldest = self._queue[0]
+        if oldest.deadline <= oldest.arrived:
+            # A backlog: the oldest item was late before it got here, and releasing it at once would
+            # not save its deadline. Full batches (or the age bound) clear the backlog fastest.
+            if len(self._queue) >= self.max_batch_size:
+                return oldest.arrived
+            return oldest.arrived + self.max_wait_s
         if (idle and self.adaptive) or len(self._queue) >= self.target_size():
             return oldest.arrived
         due = oldest.arrived + self.max_wait_s

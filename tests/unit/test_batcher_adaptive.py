@@ -491,3 +491,16 @@ def test_adaptive_target_matches_definition(a: float, b: float, gap: float, sla:
     if got != expected:
         edge = max(got, expected)
         assert abs((edge - 1) * gap + a + b * edge - sla) < 1e-12, (got, expected)
+
+
+def test_a_backlog_of_items_late_on_arrival_goes_out_in_full_batches() -> None:
+    """Items already past their deadline are not released one by one when idle: full batches clear a backlog."""
+    batcher: Batcher[int] = Batcher(4, 0.005, sla_s=0.05, adaptive=True)
+    batcher.add(0, 10.0, deadline=9.9)  # its record waited 150 ms before the boundary
+    assert batcher.due_at(idle=True) == pytest.approx(10.005)  # not at once, although the model is idle
+    for i in range(1, 4):
+        batcher.add(i, 10.001, deadline=9.95)
+    assert batcher.due_at(idle=True) == pytest.approx(10.0)  # full: at once
+    assert [p.item for p in batcher.take(10.001)] == [0, 1, 2, 3]
+    batcher.add(4, 10.002)  # on time again: idle means at once
+    assert batcher.due_at(idle=True) == pytest.approx(10.002)

@@ -596,13 +596,15 @@ async def test_the_deadline_counts_from_the_input_record_not_from_the_boundary(h
     clock = FakeClock(1_000.0)
     ages = {0: 0.015, 1: 0.030}
     observer = RecordingObserver()
-    h = harness(max_batch_size=8, max_wait_ms=NEVER_MS, sla_ms=20.0, clock=clock, age_of=ages.__getitem__,
+    h = harness(max_batch_size=8, max_wait_ms=10.0, sla_ms=20.0, clock=clock, age_of=ages.__getitem__,
                 observer=observer)
     await h.boundary.submit(row(0), 0)
     assert h.boundary.batcher.due_at() == pytest.approx(1_000.005, abs=1e-3)  # 5 ms left, less inference
     clock.now = 1_000.006
     await h.collector.wait_items(1)
-    await h.boundary.submit(row(1), 1)  # already past its deadline: released at once, counted as late on arrival
+    await h.boundary.submit(row(1), 1)  # already past its deadline: a backlog, so the age bound releases it
+    assert h.boundary.batcher.due_at() == pytest.approx(1_000.016)
+    clock.now = 1_000.016
     await h.collector.wait_items(2)
     late = h.collector.results[1]
     assert late.deadline_misses == 1 and late.arrived_late == 1
