@@ -30,6 +30,7 @@ from app.loadgen import produce
 from app.settings import Settings
 from app.synthetic import TransactionGenerator
 from app.topics import assign_all
+from bench.promtext import Histogram, fetch, histograms
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()
@@ -150,9 +151,13 @@ async def run(args: argparse.Namespace, settings: Settings, web: str, worker: su
         await asyncio.sleep(1.0)  # let duplicates, if any, show up
         live.update(tally.line(report.sent, total))
     stats = (await get_json(f"{web}/model/") or {}).get("stats", {})
+    try:
+        worker_metrics = histograms(await asyncio.to_thread(fetch, f"{web}/metrics"))
+    except OSError:
+        worker_metrics = {}
     stop.set()
     await consumer
-    return summary(report.sent, tally, args, stats, model, web)
+    return summary(report.sent, tally, args, stats, model, web, worker_metrics)
 
 
 class _Recording:
@@ -173,8 +178,28 @@ class _Recording:
         return tx, fraud
 
 
+def worker_view(metrics: dict[Any, Histogram]) -> list[tuple[str, str]]:
+    """The worker's own latency metrics: p50 / p99 as the upper bounds of their histogram buckets."""
+
+    def ms(name: str, stage: str | None = None) -> str:
+        labels = () if stage is None else (("stage", stage),)
+        histogram = metrics.get((name, labels))
+        if histogram is None or not histogram.count:
+            return "-"
+        return f"p50 ≤ {histogram.quantile(0.5) * 1000:g} ms, p99 ≤ {histogram.quantile(0.99) * 1000:g} ms"
+
+    lag = metrics.get(("seam_event_loop_lag_seconds", ()))
+    return [
+        ("worker: end to end", ms("seam_end_to_end_seconds")),
+        ("worker: ingest / queue", f"{ms('seam_stage_seconds', 'ingest')} / {ms('seam_queue_delay_seconds')}"),
+        ("worker: inference / delivery", f"{ms('seam_inference_seconds')} / {ms('seam_stage_seconds', 'delivery')}"),
+        ("worker: event-loop lag", "-" if lag is None else f"max ≤ {lag.max_bound() * 1000:g} ms"),
+        ("worker: state writes", ms("seam_state_flush_seconds")),
+    ]
+
+
 def summary(sent: int, tally: Tally, args: argparse.Namespace, stats: dict[str, Any], model: dict[str, Any],
-            web: str) -> int:
+            web: str, worker_metrics: dict[Any, Histogram] | None = None) -> int:
     """Print the run's numbers; return 0 when every transaction is accounted for exactly once."""
     scored = len(tally.scored)
     latency = (f"p50 {tally.percentile(50):.1f} ms  p95 {tally.percentile(95):.1f} ms  "
@@ -188,6 +213,7 @@ def summary(sent: int, tally: Tally, args: argparse.Namespace, stats: dict[str, 
         ("end-to-end latency", latency),
         ("model batches", f"{stats.get('batches', 0)}, mean size {stats.get('mean_batch_size', 0):.1f}, "
                           f"mean inference {stats.get('mean_infer_ms', 0):.2f} ms"),
+        *worker_view(worker_metrics or {}),
         ("model", f"{model['model']} on {model['provider']}"),
         ("web (while a worker runs)", f"{web}/model/  {web}/features/<card_id>/"),
     ]
@@ -239,7 +265,7 @@ def main() -> int:
     env.update({"SEAM_BROKER_URL": f"kafka://{broker.bootstrap}", "SEAM_APP_ID": f"seam-demo-{run_id}",
                 "SEAM_DATA_DIR": str(data_dir), "SEAM_INPUT_TOPIC": f"demo-{run_id}-transactions",
                 "SEAM_PREDICTIONS_TOPIC": f"demo-{run_id}-predictions", "SEAM_DLQ_TOPIC": f"demo-{run_id}-dlq",
-                "SEAM_LATE_TOPIC": f"demo-{run_id}-late"})
+                "SEAM_LATE_TOPIC": f"demo-{run_id}-late", "SEAM_FEATURE_LOG_TOPIC": f"demo-{run_id}-features"})
     settings = Settings.from_env({k: v for k, v in env.items() if k.startswith("SEAM_")})
     web = f"http://{settings.web_host}:{settings.web_port}"
     log = data_dir / "worker.log"

@@ -39,6 +39,7 @@ import kafka_local  # noqa: E402
 from app.synthetic import TransactionGenerator  # noqa: E402
 from app.topics import assign_all  # noqa: E402
 from bench.kafka import create_topics  # noqa: E402
+from bench.promtext import fetch, histograms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTITIONS = 4
@@ -67,20 +68,12 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def loop_lag_max_ms(url: str) -> float:
-    """The largest event-loop lag bucket that has observations beyond the previous one (upper bound)."""
-    worst = 0.0
-    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
-        previous = 0.0
-        for line in response.read().decode().splitlines():
-            if line.startswith("seam_event_loop_lag_seconds_bucket{"):
-                bound = line.split('le="')[1].split('"')[0]
-                count = float(line.rpartition(" ")[2])
-                if count > previous and bound != "+Inf":
-                    worst = float(bound) * 1000
-                elif count > previous:
-                    worst = float("inf")
-                previous = count
-    return worst
+    """The worst event-loop lag so far (the upper bound of the highest bucket with observations)."""
+    try:
+        lag = histograms(fetch(url)).get(("seam_event_loop_lag_seconds", ()))
+    except OSError:
+        return float("nan")
+    return float("nan") if lag is None else lag.max_bound() * 1000
 
 
 class Window:

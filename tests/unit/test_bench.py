@@ -107,3 +107,18 @@ def test_replace_section_keeps_the_other_sections(tmp_path: Path) -> None:
     text = doc.read_text()
     assert "old" not in text and "## Ingestion\n\nnew\n\n## Feature engine\n\nkept\n" in text
     assert text.startswith("# Benchmarks\n\nintro\n") and text.endswith("## End to end\n\nadded\n")
+
+
+def test_histograms_are_read_back_from_a_metrics_page() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from bench.promtext import histograms
+
+    registry = CollectorRegistry()
+    stage = Histogram("seam_stage_seconds", "x", ["stage"], buckets=(0.01, 0.05, 0.1), registry=registry)
+    for value in [0.005] * 98 + [0.07, 0.07]:
+        stage.labels("ingest").observe(value)
+    read = histograms(generate_latest(registry).decode())[("seam_stage_seconds", (("stage", "ingest"),))]
+    assert read.count == 100
+    assert read.quantile(0.5) == 0.01 and read.quantile(0.99) == 0.1
+    assert read.max_bound() == 0.1
