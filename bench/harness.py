@@ -289,7 +289,8 @@ class Bench:
             "span_s": round(span_s, 3), "drained": len(outputs) >= count}}
         if run.mode != CEILING:
             feature_log = None
-            if run.mode.startswith("seam"):  # seam writes features to a feature log of their own
+            if run.mode.startswith("seam") and self.plan.seam_env.get("SEAM_FEATURE_LOG_TOPIC", "on"):
+                # seam writes features to a feature log of their own (unless it is turned off)
                 topic = run.topic("feat")
                 feature_log = feature_log_by_id(
                     v for _, v in await read_range(self.bootstrap, topic, {}, await end_offsets(self.bootstrap, topic)))
