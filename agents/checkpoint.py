@@ -138,7 +138,11 @@ class Checkpoint:
                 step_started = time.perf_counter()
         try:
             await changelog.flush()  # 2. changelog
-        except Exception as exc:
+        except BaseException as exc:
+            if self._scoring.should_stop:  # stopping under a pending write: the records come again
+                raise SkipCommit(f"changelog records not sent while stopping: {exc!r}") from exc
+            if not isinstance(exc, Exception):
+                raise
             # The acknowledgements are released but their state is not in the changelog: stop. The
             # crash is not awaited here: stopping commits too, and this may run inside a commit.
             task = asyncio.ensure_future(self._scoring.crash(exc))

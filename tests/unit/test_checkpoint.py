@@ -164,3 +164,20 @@ def test_a_checkpoint_writes_state_one_way() -> None:
     cache, _ = make_cache(Table("cards"), log)
     with pytest.raises(ValueError):
         Checkpoint(Scoring(cache, log), App())
+
+
+async def test_a_changelog_write_lost_while_stopping_skips_the_commit_without_a_crash() -> None:
+    log: list[str] = []
+    table, broker = Table("cards"), Broker(log)
+    cache, writer = make_cache(table, log)
+    changelog = ChangelogWriter(broker.send, scope_for(table))
+    writer.append(changelog.write)
+    scoring = Scoring(cache, log)
+    checkpoint = Checkpoint(scoring, App(), changelog=changelog)
+    change(cache, "a")
+    broker.fail = ConnectionError("producer closed")
+    scoring.stopping = True
+    with pytest.raises(SkipCommit, match="while stopping"):
+        await checkpoint.before_offsets()
+    await asyncio.sleep(0)
+    assert scoring.crashed == []
