@@ -30,7 +30,6 @@ class _OpenBatch:
     partition: int
     builder: Any
     delivered: asyncio.Future[Any]
-    records: int = 0
 
 
 @dataclass(slots=True)
@@ -55,7 +54,6 @@ class OutputProducer:
         self._scheduled = False
         self._sending = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.sent_records: dict[str, int] = {}
 
     async def start(self) -> None:
         """Connect to the cluster."""
@@ -79,7 +77,6 @@ class OutputProducer:
             open_batch = self._new_batch(topic, partition)
             if open_batch.builder.append(key=key, value=value, timestamp=None) is None:
                 raise ValueError(f"an output record of {len(value)} bytes does not fit in a batch")
-        open_batch.records += 1
         return open_batch.delivered
 
     async def _partition(self, topic: str, key: bytes | None) -> int:
@@ -135,8 +132,6 @@ class OutputProducer:
                         open_batch.delivered.set_exception(exc)
                     continue
                 sent.add_done_callback(lambda done, b=open_batch: _settle(b, done))
-                counts = self.sent_records
-                counts[open_batch.topic] = counts.get(open_batch.topic, 0) + open_batch.records
 
 
 def _settle(open_batch: _OpenBatch, done: asyncio.Future[Any]) -> None:
