@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -86,14 +87,32 @@ class Broker:
         return list(range(first, self.records))
 
 
-async def test_at_least_once_writes_the_state_then_the_changelog_and_releases_acks_only_then() -> None:
+@dataclass
+class AtLeastOnce:
+    """An at-least-once checkpoint over a real state cache and changelog writer, and its test doubles."""
+
+    checkpoint: Checkpoint
+    scoring: Scoring
+    broker: Broker
+    cache: StateCache
+    table: Table
+    log: list[str]
+
+
+def at_least_once(write_interval_s: float = 0.25) -> AtLeastOnce:
     log: list[str] = []
     table, broker = Table("cards"), Broker(log)
     cache, writer = make_cache(table, log)
     changelog = ChangelogWriter(broker.send, scope_for(table))
     writer.append(changelog.write)
     scoring = Scoring(cache, log)
-    checkpoint = Checkpoint(scoring, App(), changelog=changelog)
+    checkpoint = Checkpoint(scoring, App(), changelog=changelog, write_interval_s=write_interval_s)
+    return AtLeastOnce(checkpoint, scoring, broker, cache, table, log)
+
+
+async def test_at_least_once_writes_the_state_then_the_changelog_and_releases_acks_only_then() -> None:
+    at = at_least_once()
+    checkpoint, scoring, cache, table, log = at.checkpoint, at.scoring, at.cache, at.table, at.log
     change(cache, "a")
     change(cache, "b")
     acked: list[str] = []
@@ -106,13 +125,8 @@ async def test_at_least_once_writes_the_state_then_the_changelog_and_releases_ac
 
 
 async def test_a_changelog_that_cannot_be_written_skips_the_commit_and_stops_the_worker() -> None:
-    log: list[str] = []
-    table, broker = Table("cards"), Broker(log)
-    cache, writer = make_cache(table, log)
-    changelog = ChangelogWriter(broker.send, scope_for(table))
-    writer.append(changelog.write)
-    scoring = Scoring(cache, log)
-    checkpoint = Checkpoint(scoring, App(), changelog=changelog)
+    at = at_least_once()
+    checkpoint, scoring, broker, cache = at.checkpoint, at.scoring, at.broker, at.cache
     change(cache, "a")
     broker.fail = ConnectionError("broker gone")
     with pytest.raises(SkipCommit):
@@ -141,13 +155,8 @@ async def test_exactly_once_drains_the_boundary_then_waits_for_outputs_then_stag
 
 
 async def test_state_is_written_behind_between_commits_until_the_worker_stops() -> None:
-    log: list[str] = []
-    table, broker = Table("cards"), Broker(log)
-    cache, writer = make_cache(table, log)
-    changelog = ChangelogWriter(broker.send, scope_for(table))
-    writer.append(changelog.write)
-    scoring = Scoring(cache, log)
-    checkpoint = Checkpoint(scoring, App(), changelog=changelog, write_interval_s=0.01)
+    at = at_least_once(write_interval_s=0.01)
+    checkpoint, scoring, cache, log = at.checkpoint, at.scoring, at.cache, at.log
     behind = asyncio.ensure_future(checkpoint.write_behind())
     change(cache, "a")
     for _ in range(100):
@@ -167,13 +176,8 @@ def test_a_checkpoint_writes_state_one_way() -> None:
 
 
 async def test_a_changelog_write_lost_while_stopping_skips_the_commit_without_a_crash() -> None:
-    log: list[str] = []
-    table, broker = Table("cards"), Broker(log)
-    cache, writer = make_cache(table, log)
-    changelog = ChangelogWriter(broker.send, scope_for(table))
-    writer.append(changelog.write)
-    scoring = Scoring(cache, log)
-    checkpoint = Checkpoint(scoring, App(), changelog=changelog)
+    at = at_least_once()
+    checkpoint, scoring, broker, cache = at.checkpoint, at.scoring, at.broker, at.cache
     change(cache, "a")
     broker.fail = ConnectionError("producer closed")
     scoring.stopping = True
