@@ -6,6 +6,7 @@ import base64
 import json
 import math
 import struct
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -102,7 +103,8 @@ def _validate(obj: dict[str, Any]) -> Transaction | Invalid:
     country = obj.get("country")
     if country is not None and not isinstance(country, str):
         return Invalid("wrong_type", f"'country' must be a string, got {type(country).__name__}")
-    return Transaction(obj["id"], obj["card_id"], ts, amount, obj["merchant_id"], country)
+    # Merchant ids repeat across events and stay in card states for hours: one string object each.
+    return Transaction(obj["id"], obj["card_id"], ts, amount, sys.intern(obj["merchant_id"]), country)
 
 
 def _is_utf8(text: str) -> bool:

@@ -241,11 +241,17 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self._intake = asyncio.Lock()
         self._committing = asyncio.Lock()
         self.transaction_offsets: dict[TP, int] = {}  # offsets this worker committed in transactions
+        self._in_hand = False  # the drain loop holds fetched records it has not handed on yet
 
     @property
     def epoch(self) -> int:
         """The assignment epoch: it changes whenever partitions are revoked."""
         return self.epochs.epoch
+
+    @property
+    def delivered_all_fetched(self) -> bool:
+        """Every record the fetcher returned so far was handed on (to a handler, a table's restore)."""
+        return not self._in_hand
 
     @property
     def stale_acks(self) -> int:
@@ -372,7 +378,9 @@ class BatchConsumer(faust_aiokafka.Consumer):
         fetcher_stopped = fetcher._stopped.is_set
         try:
             while not (consumer_stopped() or fetcher_stopped()):
+                self._in_hand = False
                 records, active = await self._wait_next_records(1.0)
+                self._in_hand = bool(records)
                 if self.epochs.holding and self.epochs.positioned and self.flow_active and not self.should_stop:
                     # Even if nothing new came: the seek may have left the position past these.
                     await self._deliver_held()

@@ -207,9 +207,11 @@ async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
     """Until the worker stops: end restores that have read past their changelog's last record (only markers left).
 
     A partition counts as restored when the consumer's position is past Faust's highwater (the
-    offset before the end) and its applied offset has not moved for a whole interval, so nothing
-    fetched is still waiting to be applied. Uses ``Recovery.in_recovery``, ``active_highwaters``
-    and ``active_offsets`` (faust-streaming 0.15.3).
+    offset before the end), its received offset has not moved for a whole interval, and nothing
+    fetched is still on its way to the restore: the drain loop has handed on every record it fetched
+    and the changelog queue is empty. (Faust drops a changelog record at or below the offset marked
+    restored: ending while records were fetched but not yet received restored a card incompletely.)
+    Uses ``Recovery.in_recovery``, ``active_highwaters`` and ``active_offsets`` (faust-streaming 0.15.3).
     """
     still: dict[Any, int] = {}
     while not app.should_stop:  # the consumer goes first when the worker stops
@@ -224,7 +226,8 @@ async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
             if highwater is None or applied is None or applied >= highwater:
                 continue
             position = await app.consumer.position(tp)
-            if position is not None and position > highwater and still.get(tp) == applied:
+            if (position is not None and position > highwater and still.get(tp) == applied
+                    and app.consumer.delivered_all_fetched and app.tables.changelog_queue.empty()):
                 logger.info("restore of %s ends at offset %d: only transaction markers follow", tp, applied)
                 offsets[tp] = highwater
             still[tp] = applied

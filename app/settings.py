@@ -80,9 +80,12 @@ class Settings:
     # Event time.
     allowed_lateness_s: float = 60.0
     # Card states kept in memory beyond what is being changed (the rest is read back from RocksDB):
-    # at most this many cards and this many events held in them (about 0.23 KB per event).
+    # at most this many cards and this many events held in them (about 0.2 KB per event).
     state_cache_cards: int = 100_000
     state_cache_events: int = 1_000_000
+    # RocksDB's own memory for the card-state table, per table partition this worker opens: its block
+    # cache (blocks read back from disk) and its write buffers (two memtables of a quarter each).
+    state_db_memory_mb: int = 32
     # Input records with a larger value go to the dead-letter topic as too_large.
     max_record_bytes: int = 64 * 1024
     # Scaling: warm copies of each table partition kept on other workers (Faust's standby replicas),
@@ -134,6 +137,8 @@ class Settings:
         if self.state_cache_cards < 1 or self.state_cache_events < 1:
             raise SettingsError("SEAM_STATE_CACHE_CARDS and SEAM_STATE_CACHE_EVENTS must be >= 1, got "
                                 f"{self.state_cache_cards} and {self.state_cache_events}")
+        if self.state_db_memory_mb < 4:
+            raise SettingsError(f"SEAM_STATE_DB_MEMORY_MB must be >= 4, got {self.state_db_memory_mb}")
         if self.standby_replicas < 0:
             raise SettingsError(f"SEAM_STANDBY_REPLICAS must be >= 0, got {self.standby_replicas}")
 

@@ -21,14 +21,14 @@ from itertools import groupby
 from operator import itemgetter
 from typing import TypeVar
 
-from tables.card_store import BUCKET_MS, Stored, events_held
+from tables.card_store import Stored, events_held
 from tables.features import CardState, Watermark, new_state
 
 __all__ = ["StateCache"]
 
 Scope = Callable[[int], AbstractContextManager[object]]
-# Reads a card from its table (None if unknown); writes the changes since ``Stored`` (and the
-# buckets that received events), updating it; returns how many records it wrote.
+# Reads a card from its table (None if unknown); writes the changes since ``Stored`` (given the
+# event times of the events applied since), updating it; returns how many records it wrote.
 LoadCard = Callable[[str], tuple[CardState, Stored] | None]
 StoreCard = Callable[[str, CardState, Stored, set[int]], int]
 
@@ -58,7 +58,7 @@ class StateCache:
         self._max_clean_events = max_clean_events
         self._cards: dict[int, dict[str, CardState]] = {}
         self._stored: dict[int, dict[str, Stored]] = {}
-        self._dirty: dict[int, dict[str, set[int]]] = {}  # partition -> card -> buckets that received events
+        self._dirty: dict[int, dict[str, set[int]]] = {}  # partition -> card -> times of the events applied
         self._watermarks: dict[int, Watermark] = {}
         self._dirty_watermarks: set[int] = set()
         self._deferred: list[tuple[int, Callable[[], object]]] = []
@@ -71,8 +71,10 @@ class StateCache:
     def card(self, partition: int, card_id: str) -> CardState:
         """The card's state (from the cache, else the table, else new); mark it changed with touch()."""
         cards = self._cards.setdefault(partition, {})
-        state = cards.get(card_id)
-        if state is None:
+        state = cards.pop(card_id, None)
+        if state is not None:
+            cards[card_id] = state  # to the end: the cache drops least recently used states first
+        else:
             with self._scope(partition):
                 loaded = self._load_card(card_id)
             state, stored = loaded if loaded is not None else (new_state(), Stored())
@@ -101,9 +103,9 @@ class StateCache:
 
     def touch(self, partition: int, card_id: str, ts_ms: int | None = None) -> None:
         """Mark a card's state changed (by an event at ``ts_ms``): the next flush writes the change."""
-        buckets = self._dirty.setdefault(partition, {}).setdefault(card_id, set())
+        touched = self._dirty.setdefault(partition, {}).setdefault(card_id, set())
         if ts_ms is not None:
-            buckets.add(ts_ms // BUCKET_MS)
+            touched.add(ts_ms)
 
     def watermark(self, partition: int) -> Watermark:
         """The partition's watermark, restored from the table the first time it is asked for."""
@@ -146,7 +148,7 @@ class StateCache:
         epoch, cards, watermarks = self._take_dirty()
         writes = 0
         for partition, group in groupby(cards, key=itemgetter(0)):
-            for step in _chunks([(card_id, buckets) for _, card_id, buckets in group], cards_per_step):
+            for step in _chunks([(card_id, touched) for _, card_id, touched in group], cards_per_step):
                 writes += self._write(partition, step)
                 yield writes
         writes += self._write_watermarks(watermarks)
@@ -154,8 +156,8 @@ class StateCache:
         yield writes
 
     def _take_dirty(self) -> tuple[int, list[tuple[int, str, set[int]]], list[tuple[int, int]]]:
-        cards = [(partition, card_id, buckets) for partition, dirty in self._dirty.items()
-                 for card_id, buckets in dirty.items()]
+        cards = [(partition, card_id, touched) for partition, dirty in self._dirty.items()
+                 for card_id, touched in dirty.items()]
         watermarks = [(partition, w.max_ts) for partition in self._dirty_watermarks
                       if (w := self._watermarks.get(partition)) is not None and w.max_ts is not None]
         self._dirty = {}
@@ -170,10 +172,10 @@ class StateCache:
             return 0  # forgotten (revoked) meanwhile: redelivered records recompute it
         writes = 0
         with self._scope(partition):
-            for card_id, buckets in cards:
+            for card_id, touched in cards:
                 state = cached.get(card_id)
                 if state is not None:
-                    writes += self._store_card(card_id, state, stored[card_id], buckets)
+                    writes += self._store_card(card_id, state, stored[card_id], touched)
         return writes
 
     def _write_watermarks(self, watermarks: list[tuple[int, int]]) -> int:
@@ -194,7 +196,7 @@ class StateCache:
             self.trim()
 
     def trim(self) -> None:
-        """Drop clean states, oldest loaded first, while the cache is over its bounds (to 3/4 of them).
+        """Drop clean states, least recently used first (partition by partition), to 3/4 of the bounds.
 
         The bounds are ``max_clean_cards`` cards and ``max_clean_events`` events held in all cached
         states; a dropped state is read back from the table when its card comes again.
@@ -206,13 +208,20 @@ class StateCache:
         card_goal, event_goal = self._max_clean_cards * 3 // 4, self._max_clean_events * 3 // 4
         for partition, cached in self._cards.items():
             dirty, stored = self._dirty.get(partition, {}), self._stored.get(partition, {})
-            for card_id in [c for c in cached if c not in dirty]:
+            victims = []
+            for card_id, state in cached.items():
                 if cards <= card_goal and events <= event_goal:
-                    return
-                events -= events_held(cached.pop(card_id))
+                    break
+                if card_id not in dirty:
+                    victims.append(card_id)
+                    events -= events_held(state)
+                    cards -= 1
+            for card_id in victims:
+                del cached[card_id]
                 stored.pop(card_id, None)
-                cards -= 1
-                self.last_events_held = events
+            self.last_events_held = events
+            if cards <= card_goal and events <= event_goal:
+                return
 
     def events_held(self) -> int:
         """Events held in all cached card states (what the cache's memory grows with)."""

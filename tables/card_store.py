@@ -1,114 +1,196 @@
-"""How a card's state is laid out in its table: a small header and one record per minute of events.
+"""How a card's state is laid out in its table: a header that carries the newest events, and sealed chunks.
 
 A card keeps every event of its replay horizon (allowed lateness plus twice the largest window, two
 hours and more by default). Written as one value, each flush would rewrite all of them, so the bytes
-sent to the changelog would grow with the events a card keeps, not with the events that changed. The
-state is therefore split by event time into buckets of ``BUCKET_MS``:
+sent to the changelog would grow with the events a card keeps, not with the events that changed. Split
+by fixed time buckets, a quiet card would need one read per bucket to load. The state is therefore
+split by *count*, along event time:
 
-* ``<card id>`` holds the header ``{"v": 2, "n": <arrival counter>, "prev": <max evicted ts>,
-  "b": [bucket, ...]}``;
-* ``<card id>\\x00<bucket>`` holds that bucket's events as parallel lists ``[ts, amt, mer, id, seq]``.
+* ``<card id>`` holds the header ``{"v": 3, "n": <arrival counter>, "prev": <max evicted ts>,
+  "c": [[first chunk, last chunk], ...], "t": <tail start ts>, "k": <next chunk number>,
+  "e": <tail>}``: the chunk numbers as runs of consecutive numbers (one run, usually: the header's
+  size does not grow with the chunks), and the tail, the card's newest events (those at or after the
+  tail start), fewer than ``CHUNK_EVENTS`` of them, as parallel lists ``[ts, amt, mer, id, seq]``;
+* ``<card id>\\x00c<chunk>`` holds one sealed chunk's events, in the same form. Chunk ``i`` holds the
+  events from its start up to the next chunk's start (the first chunk from the lowest time, the last up
+  to the tail start). Chunk numbers grow along event time; a loaded chunk starts at its first event.
 
-A flush writes the buckets that received events, the bucket eviction cut into (if any), the header,
-and then tombstones for buckets eviction emptied: its work and bytes follow the events that changed.
-Within a changelog partition records keep their order and a crash loses a suffix, so a header never
-lists a bucket whose write was lost. Everything is JSON (orjson); a value written by an earlier seam
-(the whole state under the card id) is read as before and rewritten in this layout at its next flush.
+Events arrive mostly in event-time order, so a new event usually lands in the tail: a flush writes one
+record for such a card, and a card with fewer than ``CHUNK_EVENTS`` events is read with one. When the
+tail reaches ``CHUNK_EVENTS`` it is sealed into a chunk, written once. A late event that falls into a
+sealed chunk rewrites that chunk; eviction rewrites the chunk it cut into and deletes the chunks it
+emptied. A flush's work and bytes thus follow the events that changed (at most a chunk per change), and
+loading a card costs one read per ``CHUNK_EVENTS`` events it holds.
+
+Chunks are written before the header and deletions after it. Within a changelog partition records keep
+their order and a crash loses a suffix, so a header never lists a chunk whose write was lost. A chunk
+rewritten before a lost header may hold an event the header's counter does not count: the counter is
+read as at least the highest arrival number held. Everything is JSON (orjson). Values written by an
+earlier seam (the whole state under the card id, or per-minute buckets) are read as before and
+rewritten in this layout at the card's next flush.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import sys
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
 from tables.features import CardState, new_state, upgrade_state
 
-__all__ = ["BUCKET_MS", "Stored", "bucket_key", "changes", "decode", "events_held"]
+__all__ = ["CHUNK_EVENTS", "Stored", "chunk_key", "changes", "decode", "events_held"]
 
-BUCKET_MS = 60_000
+CHUNK_EVENTS = 32
 _COLUMNS = ("ts", "amt", "mer", "id", "seq")
 _SEPARATOR = b"\x00"  # card ids are validated text: no NUL
+_V2_BUCKET_MS = 60_000  # the per-minute buckets of the previous layout
 
 Write = tuple[bytes, bytes | None]  # (key, value); None deletes the key
 
 
 @dataclass(slots=True)
 class Stored:
-    """What the table holds for a card: its buckets, and the counters at the last write."""
+    """What the table holds for a card: its sealed chunks and tail start, as of the last write."""
 
-    buckets: set[int] = field(default_factory=set)
-    n: int = 0
-    held: int = 0  # events in the state when it was last written
-    legacy: bool = False  # the table holds the whole state under the card id (an earlier layout)
+    chunks: list[list[int]] = field(default_factory=list)  # [chunk number, start ts, events], by start
+    tail: int | None = None  # the tail start; None: no chunk, the tail holds every event
+    next_chunk: int = 0
+    n: int = 0  # the arrival counter and the events held at the last write: fewer held than written
+    held: int = 0  # plus arrived since means eviction happened
+    legacy: list[bytes] | None = None  # an earlier layout: rewrite it all, then delete these keys
 
 
-def bucket_key(card_key: bytes, bucket: int) -> bytes:
-    """The table key of one bucket of a card."""
-    return card_key + _SEPARATOR + str(bucket).encode()
+def chunk_key(card_key: bytes, chunk: int) -> bytes:
+    """The table key of one sealed chunk of a card."""
+    return card_key + _SEPARATOR + b"c" + str(chunk).encode()
 
 
 def decode(header: bytes | None, get: Callable[[bytes], bytes | None], card_key: bytes) -> tuple[CardState, Stored]:
-    """Rebuild a card's state from its header and buckets (``get`` reads a key of the table)."""
+    """Rebuild a card's state from its header and chunks (``get`` reads a key of the table)."""
     if header is None:
         return new_state(), Stored()
     meta = orjson.loads(header)
-    if "v" not in meta:  # the whole state in one value
+    version = meta.get("v")
+    if version is None:  # the whole state in one value
         state = upgrade_state(meta)
-        return state, Stored(n=state["n"], held=len(state["ts"]), legacy=True)
+        return state, Stored(n=state["n"], held=len(state["ts"]), legacy=[])
     state = new_state()
     state["n"], state["prev"] = meta["n"], meta["prev"]
-    buckets = set()
-    for bucket in sorted(meta["b"]):
-        value = get(bucket_key(card_key, bucket))
-        if value is None:
-            continue
-        buckets.add(bucket)
-        for column, values in zip(_COLUMNS, orjson.loads(value), strict=True):
-            state[column].extend(values)
-    return state, Stored(buckets, state["n"], len(state["ts"]))
+    if version == 2:
+        keys = [card_key + _SEPARATOR + str(bucket).encode() for bucket in sorted(meta["b"])]
+        legacy = [key for key in keys if _extend(state, get(key))]
+        return state, Stored(n=state["n"], held=len(state["ts"]), legacy=legacy)
+    chunks = []
+    for first, last in meta["c"]:
+        for number in range(first, last + 1):
+            value = get(chunk_key(card_key, number))
+            if value is not None:
+                held = len(state["ts"])
+                _extend_columns(state, orjson.loads(value))
+                if len(state["ts"]) > held:
+                    chunks.append([number, state["ts"][held], len(state["ts"]) - held])
+    _extend_columns(state, meta["e"])
+    if state["seq"]:
+        state["n"] = max(state["n"], max(state["seq"]))
+    return state, Stored(chunks, meta["t"], meta["k"], state["n"], len(state["ts"]))
+
+
+def _extend(state: CardState, value: bytes | None) -> bool:
+    if value is None:
+        return False
+    _extend_columns(state, orjson.loads(value))
+    return True
+
+
+def _extend_columns(state: CardState, columns: list[list[Any]]) -> None:
+    ts, amt, mer, ids, seq = columns
+    state["ts"].extend(ts)
+    state["amt"].extend(amt)
+    state["mer"].extend(map(sys.intern, mer))  # as decoded events have them: one object per merchant
+    state["id"].extend(ids)
+    state["seq"].extend(seq)
 
 
 def changes(card_key: bytes, state: CardState, stored: Stored, touched: Iterable[int]) -> list[Write]:
     """The writes that bring the table's copy of a card up to ``state``; update ``stored`` to match.
 
-    ``touched`` are the buckets that received events since the last write. Evictions since then are
-    found from the counters: the state holds fewer events than were written plus those added.
+    ``touched`` are the event times of the events applied since the last write.
     """
     times: list[int] = state["ts"]
-    rewrite = set(touched)
-    gone: set[int] = set()
-    if stored.legacy:
-        rewrite |= {ts // BUCKET_MS for ts in times}
-        stored.legacy = False
-    elif len(times) < stored.held + (state["n"] - stored.n):
-        # Eviction removes the oldest events: buckets at or below the newest evicted time changed.
-        edge = (state["prev"] if state["prev"] is not None else -1) // BUCKET_MS
-        for bucket in stored.buckets:
-            if bucket > edge:
-                continue
-            lo = bisect_left(times, bucket * BUCKET_MS)
-            if lo < len(times) and times[lo] < (bucket + 1) * BUCKET_MS:
-                rewrite.add(bucket)
-            else:
-                gone.add(bucket)
-    written = stored.buckets
+    gone: list[bytes] = []
+    if stored.legacy is not None:  # rewrite everything: it starts in the tail and is sealed below
+        gone += stored.legacy
+        stored.chunks, stored.tail, stored.legacy = [], None, None
+    chunks = stored.chunks
     writes: list[Write] = []
-    for bucket in sorted(rewrite - gone):
-        lo, hi = bisect_left(times, bucket * BUCKET_MS), bisect_left(times, (bucket + 1) * BUCKET_MS)
-        if lo == hi:
-            gone.add(bucket)
-            continue
-        writes.append((bucket_key(card_key, bucket), orjson.dumps([state[c][lo:hi] for c in _COLUMNS])))
-    stored.buckets = (stored.buckets | rewrite) - gone
-    stored.n, stored.held = state["n"], len(times)
-    header = {"v": 2, "n": state["n"], "prev": state["prev"], "b": sorted(stored.buckets)}
+    if chunks:
+        tail_start = stored.tail
+        assert tail_start is not None  # chunks end where the tail starts
+        rewrite = _changed_chunks(chunks, tail_start, stored, state, touched)
+        kept = []
+        for index, chunk in enumerate(chunks):
+            if index not in rewrite:
+                kept.append(chunk)
+                continue
+            lo = 0 if index == 0 else bisect_left(times, chunk[1])
+            hi = bisect_left(times, chunks[index + 1][1] if index + 1 < len(chunks) else tail_start)
+            if lo == hi:
+                gone.append(chunk_key(card_key, chunk[0]))
+                continue
+            chunk[2] = hi - lo
+            writes.append((chunk_key(card_key, chunk[0]), _encode(state, lo, hi)))
+            kept.append(chunk)
+        stored.chunks = chunks = kept
+    tail = stored.tail if chunks else None
+    lo = 0 if tail is None else bisect_left(times, tail)
+    while len(times) - lo >= CHUNK_EVENTS:  # seal the tail into chunks of about CHUNK_EVENTS
+        cut = lo + CHUNK_EVENTS
+        while cut < len(times) and times[cut] == times[cut - 1]:
+            cut += 1  # equal times stay together: a time belongs to one chunk
+        chunks.append([stored.next_chunk, times[lo] if tail is None else tail, cut - lo])
+        writes.append((chunk_key(card_key, stored.next_chunk), _encode(state, lo, cut)))
+        stored.next_chunk += 1
+        tail = times[cut] if cut < len(times) else times[-1] + 1
+        lo = cut
+    stored.tail, stored.n, stored.held = tail, state["n"], len(times)
+    header = {"v": 3, "n": state["n"], "prev": state["prev"], "c": _runs(chunks), "t": tail, "k": stored.next_chunk,
+              "e": [state[column][lo:] for column in _COLUMNS]}
     writes.append((card_key, orjson.dumps(header)))
-    # After the header: a crash between them leaves an unlisted bucket, never a listed one missing.
-    writes += [(bucket_key(card_key, bucket), None) for bucket in sorted(gone & written)]
+    # After the header: a crash between them leaves an unlisted chunk, never a listed one missing.
+    writes += [(key, None) for key in gone]
     return writes
+
+
+def _changed_chunks(chunks: list[list[int]], tail: int, stored: Stored, state: CardState,
+                    touched: Iterable[int]) -> set[int]:
+    """The sealed chunks that received events or lost some to eviction since the last write."""
+    starts = [chunk[1] for chunk in chunks]
+    rewrite = {max(bisect_right(starts, ts) - 1, 0) for ts in touched if ts < tail}
+    if len(state["ts"]) < stored.held + (state["n"] - stored.n):
+        # Eviction removes the oldest events, at or below "prev" (and at most one older event
+        # replayed into the first chunk): the first chunk and those starting at or below "prev".
+        prev = state["prev"]
+        rewrite.update(range(max(bisect_right(starts, prev) if prev is not None else 0, 1)))
+    return rewrite
+
+
+def _runs(chunks: list[list[int]]) -> list[list[int]]:
+    """The chunk numbers (increasing) as ``[first, last]`` runs of consecutive numbers."""
+    runs: list[list[int]] = []
+    for number, _, _ in chunks:
+        if runs and runs[-1][1] == number - 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return runs
+
+
+def _encode(state: CardState, lo: int, hi: int) -> bytes:
+    return orjson.dumps([state[column][lo:hi] for column in _COLUMNS])
 
 
 def events_held(state: CardState) -> int:

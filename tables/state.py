@@ -15,6 +15,18 @@ from tables.features import CardState
 
 __all__ = ["card_state", "load_state", "load_watermark", "store_state", "store_watermark", "watermarks"]
 
+MIB = 1024 * 1024
+# Faust's RocksDB defaults give every partition's database a 2 GiB block cache and three 64 MiB
+# memtables, so a worker's memory would grow with the state it has read back, far past the state
+# cache's bound. Each card-state partition gets SEAM_STATE_DB_MEMORY_MB: half block cache, half
+# write buffers (two of a quarter each); the watermarks' databases hold one key each.
+_STATE_DB = {
+    "block_cache_size": settings.state_db_memory_mb * MIB // 2,
+    "write_buffer_size": settings.state_db_memory_mb * MIB // 4,
+    "max_write_buffer_number": 2,
+}
+_WATERMARK_DB = {"block_cache_size": MIB, "write_buffer_size": MIB, "max_write_buffer_number": 2}
+
 # Keys: a card id (UTF-8) for the card's header, and card id + NUL + bucket for each minute of its
 # events; values: JSON (see tables.card_store), raw bytes in the store and the changelog.
 card_state = app.Table(
@@ -22,6 +34,7 @@ card_state = app.Table(
     partitions=settings.topic_partitions,
     key_type=bytes,
     value_type=bytes,
+    options=dict(_STATE_DB),
     help="Per-card event-time state for the feature spec: a header and one record per minute of events.",
 )
 
@@ -30,6 +43,7 @@ watermarks = app.Table(
     "watermarks",
     partitions=settings.topic_partitions,
     key_type=bytes,
+    options=dict(_WATERMARK_DB),
     help="Highest event time seen per input partition.",
 )
 WATERMARK_KEY = b"max_ts"

@@ -1,4 +1,4 @@
-"""The card-state table layout: a header and per-minute buckets, written as the state changes."""
+"""The card-state table layout: a header with the newest events and sealed chunks, written as the state changes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from tables.card_store import BUCKET_MS, Stored, bucket_key, changes, decode
+from tables.card_store import CHUNK_EVENTS, Stored, changes, chunk_key, decode
 from tables.features import DEFAULT_SPEC, CardState, apply_event, new_state
 
 LATENESS_MS = 60_000
@@ -34,83 +34,149 @@ class Table:
                 self.bytes_written += len(key) + len(value)
 
     def load(self) -> tuple[CardState, Stored]:
-        return decode(self.data.get(KEY), self.data.get, KEY)
+        self.reads = 0
+        return decode(self.data.get(KEY), self._get, KEY)
+
+    def _get(self, key: bytes) -> bytes | None:
+        self.reads += 1
+        return self.data.get(key)
 
 
-def test_a_card_round_trips_through_its_header_and_buckets() -> None:
+def keys_of(stored: Stored) -> set[bytes]:
+    """The keys the table must hold for a card: its header and its listed chunks."""
+    return {KEY} | {chunk_key(KEY, chunk[0]) for chunk in stored.chunks}
+
+
+def same(loaded: Stored, stored: Stored) -> bool:
+    """Equal but for chunk starts: a loaded chunk starts at its first event, a written one may start earlier."""
+    return ([(c[0], c[2]) for c in loaded.chunks], loaded.tail, loaded.next_chunk, loaded.n, loaded.held,
+            loaded.legacy) == ([(c[0], c[2]) for c in stored.chunks], stored.tail, stored.next_chunk, stored.n,
+                               stored.held, stored.legacy)
+
+
+def fill(state: CardState, count: int, *, start: int = T, step_ms: int = 1_000, prefix: str = "e") -> set[int]:
+    """Apply ``count`` in-order events; return their times (what the cache passes as touched)."""
+    touched = set()
+    for i in range(count):
+        ts = start + i * step_ms
+        apply_event(state, f"{prefix}{i}", ts, float(i % 7), f"m{i % 3}", allowed_lateness_ms=LATENESS_MS)
+        touched.add(ts)
+    return touched
+
+
+def test_a_card_with_few_events_is_one_record_read_with_one_get() -> None:
     table, state, stored = Table(), new_state(), Stored()
-    touched: set[int] = set()
-    for i in range(30):
-        ts = T + i * 20_000
-        apply_event(state, f"e{i}", ts, float(i), f"m{i % 3}", allowed_lateness_ms=LATENESS_MS)
-        touched.add(ts // BUCKET_MS)
-    table.apply(changes(KEY, state, stored, touched))
+    table.apply(changes(KEY, state, stored, fill(state, CHUNK_EVENTS - 1)))
+    assert set(table.data) == {KEY} and stored.chunks == []
     loaded, loaded_stored = table.load()
-    assert loaded == state
-    assert loaded_stored.buckets == stored.buckets == {(T + i * 20_000) // BUCKET_MS for i in range(30)}
-    assert set(table.data) == {KEY} | {bucket_key(KEY, b) for b in stored.buckets}
+    assert loaded == state and table.reads == 0  # the header alone
+    assert same(loaded_stored, stored)
+
+
+def test_a_full_tail_is_sealed_and_loading_costs_one_read_per_chunk() -> None:
+    table, state, stored = Table(), new_state(), Stored()
+    table.apply(changes(KEY, state, stored, fill(state, 10 * CHUNK_EVENTS + 5)))
+    assert len(stored.chunks) == 10 and all(chunk[2] == CHUNK_EVENTS for chunk in stored.chunks)
+    assert set(table.data) == keys_of(stored)
+    assert len(orjson.loads(table.data[KEY])["e"][0]) == 5  # the tail: the newest events
+    loaded, loaded_stored = table.load()
+    assert loaded == state and table.reads == 10
+    assert same(loaded_stored, stored)
 
 
 def test_a_flush_writes_what_changed_not_what_the_card_holds() -> None:
     table, state, stored = Table(), new_state(), Stored()
-    for i in range(2_000):  # one event every 3 s: 100 minutes of events, all within the horizon
-        apply_event(state, f"e{i}", T + i * 3_000, 10.0, "m", allowed_lateness_ms=LATENESS_MS)
-    table.apply(changes(KEY, state, stored, {(T + i * 3_000) // BUCKET_MS for i in range(2_000)}))
+    table.apply(changes(KEY, state, stored, fill(state, 2_000, step_ms=3_000)))  # 100 minutes, all kept
     full = table.bytes_written
     table.bytes_written = 0
     ts = T + 2_000 * 3_000
     apply_event(state, "new", ts, 10.0, "m", allowed_lateness_ms=LATENESS_MS)
-    writes = changes(KEY, state, stored, {ts // BUCKET_MS})
+    writes = changes(KEY, state, stored, {ts})
     table.apply(writes)
-    assert len(writes) == 2  # the bucket that got the event, the header
+    assert [key for key, _ in writes] == [KEY]  # the event went to the tail, in the header
     assert table.bytes_written * 50 < full, (table.bytes_written, full)
     assert table.load()[0] == state
 
 
-def test_eviction_deletes_emptied_buckets_after_the_header_and_rewrites_the_cut_one() -> None:
+def test_a_late_event_rewrites_only_the_chunk_it_falls_into() -> None:
+    table, state, stored = Table(), new_state(), Stored()
+    table.apply(changes(KEY, state, stored, fill(state, 6 * CHUNK_EVENTS, step_ms=100)))
+    target = stored.chunks[3]
+    ts = target[1] + 50  # inside chunk 3, well within the lateness
+    apply_event(state, "late", ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+    writes = changes(KEY, state, stored, {ts})
+    assert [key for key, _ in writes] == [chunk_key(KEY, target[0]), KEY]
+    assert target[2] == CHUNK_EVENTS + 1
+    table.apply(writes)
+    assert table.load()[0] == state
+
+
+def test_eviction_deletes_emptied_chunks_after_the_header_and_rewrites_the_cut_one() -> None:
     table, state, stored = Table(), new_state(), Stored()
     horizon_ms = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms
-    for i in range(10):
-        apply_event(state, f"old{i}", T + i * 25_000, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
-    table.apply(changes(KEY, state, stored, {(T + i * 25_000) // BUCKET_MS for i in range(10)}))
-    old_buckets = set(stored.buckets)
-    ts = T + 4 * 25_000 + horizon_ms + 1  # evicts old0..old4
+    table.apply(changes(KEY, state, stored, fill(state, 4 * CHUNK_EVENTS, step_ms=1_000, prefix="old")))
+    first, second = stored.chunks[0][0], stored.chunks[1][0]
+    ts = T + (CHUNK_EVENTS + 10) * 1_000 + horizon_ms + 1  # evicts chunk 0 and 11 events of chunk 1
     apply_event(state, "new", ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
-    writes = changes(KEY, state, stored, {ts // BUCKET_MS})
-    header_at = [key for key, _ in writes].index(KEY)
-    tombstones = [key for key, value in writes if value is None]
-    assert tombstones and all(i > header_at for i, (_, v) in enumerate(writes) if v is None)
+    writes = changes(KEY, state, stored, {ts})
+    keys = [key for key, _ in writes]
+    assert keys == [chunk_key(KEY, second), KEY, chunk_key(KEY, first)] and writes[-1][1] is None
     table.apply(writes)
     loaded, _ = table.load()
-    assert loaded == state and loaded["id"][0] == "old5"
-    assert set(table.data) == {KEY} | {bucket_key(KEY, b) for b in stored.buckets}
-    assert stored.buckets < old_buckets | {ts // BUCKET_MS}
+    assert loaded == state and loaded["id"][0] == f"old{CHUNK_EVENTS + 11}"
+    assert set(table.data) == keys_of(stored)
 
 
-def test_a_state_written_whole_by_an_earlier_seam_is_read_and_rewritten_in_buckets() -> None:
+def test_a_state_written_whole_by_an_earlier_seam_is_read_and_rewritten_in_chunks() -> None:
     state = new_state()
-    for i in range(5):
-        apply_event(state, f"e{i}", T + i * 70_000, 2.0, "m", allowed_lateness_ms=LATENESS_MS)
+    fill(state, 2 * CHUNK_EVENTS, step_ms=20_000)
     table = Table()
     table.data[KEY] = orjson.dumps(state)
     loaded, stored = table.load()
-    assert loaded == state and stored.legacy
-    apply_event(loaded, "e5", T + 5 * 70_000, 2.0, "m", allowed_lateness_ms=LATENESS_MS)
-    table.apply(changes(KEY, loaded, stored, {(T + 5 * 70_000) // BUCKET_MS}))
+    assert loaded == state and stored.legacy == []
+    apply_event(loaded, "next", T + 200 * 20_000, 2.0, "m", allowed_lateness_ms=LATENESS_MS)
+    table.apply(changes(KEY, loaded, stored, {T + 200 * 20_000}))
     again, again_stored = table.load()
-    assert again == loaded and not again_stored.legacy
-    assert len(again_stored.buckets) == 6
+    assert again == loaded and again_stored.legacy is None
+    assert len(again_stored.chunks) == 2 and set(table.data) == keys_of(again_stored)
+
+
+def test_per_minute_buckets_of_an_earlier_seam_are_read_and_replaced() -> None:
+    state = new_state()
+    fill(state, 30, step_ms=20_000)
+    table = Table()
+    minutes = sorted({ts // 60_000 for ts in state["ts"]})
+    for minute in minutes:
+        index = [i for i, ts in enumerate(state["ts"]) if ts // 60_000 == minute]
+        table.data[KEY + b"\x00" + str(minute).encode()] = orjson.dumps(
+            [[state[c][i] for i in index] for c in ("ts", "amt", "mer", "id", "seq")])
+    table.data[KEY] = orjson.dumps({"v": 2, "n": state["n"], "prev": state["prev"], "b": minutes})
+    loaded, stored = table.load()
+    assert loaded == state and len(stored.legacy or []) == len(minutes)
+    table.apply(changes(KEY, loaded, stored, set()))
+    assert set(table.data) == {KEY} and table.load()[0] == state
+
+
+def test_a_chunk_rewritten_before_a_lost_header_does_not_reuse_an_arrival_number() -> None:
+    table, state, stored = Table(), new_state(), Stored()
+    table.apply(changes(KEY, state, stored, fill(state, 3 * CHUNK_EVENTS, step_ms=100)))
+    ts = stored.chunks[1][1] + 10
+    apply_event(state, "late", ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+    writes = changes(KEY, state, stored, {ts})
+    table.apply(writes[:-1])  # the crash lost the header
+    loaded, _ = table.load()
+    assert "late" in loaded["id"] and loaded["n"] == state["n"]
 
 
 @hsettings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), flush_every=st.integers(1, 40), spread_s=st.sampled_from([5, 60, 900]))
+@given(seed=st.integers(0, 2**32 - 1), flush_every=st.integers(1, 80), spread_s=st.sampled_from([0, 5, 60, 900]))
 def test_any_sequence_of_events_and_flushes_restores_exactly(seed: int, flush_every: int, spread_s: int) -> None:
-    """Out-of-order events, redeliveries, evictions: the table always restores the in-memory state."""
+    """Out-of-order events, ties, redeliveries, evictions: the table always restores the in-memory state."""
     rng = random.Random(seed)
     table, state, stored = Table(), new_state(), Stored()
     touched: set[int] = set()
     now, ids = T, []
-    for i in range(300):
+    for i in range(400):
         now += rng.randint(0, spread_s * 1000)
         if ids and rng.random() < 0.05:
             event_id, ts = rng.choice(ids)  # a redelivery
@@ -120,13 +186,13 @@ def test_any_sequence_of_events_and_flushes_restores_exactly(seed: int, flush_ev
         applied = apply_event(state, event_id, ts, rng.random() * 100, f"m{rng.randint(0, 5)}",
                               allowed_lateness_ms=LATENESS_MS)
         if not applied.duplicate:
-            touched.add(ts // BUCKET_MS)
+            touched.add(ts)
         if i % flush_every == 0:
             table.apply(changes(KEY, state, stored, touched))
             touched = set()
             loaded, loaded_stored = table.load()
             assert loaded == state
-            assert loaded_stored.buckets == stored.buckets
-            assert set(table.data) == {KEY} | {bucket_key(KEY, b) for b in stored.buckets}
+            assert same(loaded_stored, stored)
+            assert set(table.data) == keys_of(stored)
             if rng.random() < 0.2:  # a restart: continue from what the table holds
                 state, stored = loaded, loaded_stored

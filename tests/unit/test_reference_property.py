@@ -94,7 +94,7 @@ class Tables:
         return self.current
 
     def load_card(self, card_id: str) -> tuple[CardState, Stored] | None:
-        """Through the real table layout (tables.card_store): a header and per-minute buckets."""
+        """Through the real table layout (tables.card_store): a header with the tail, and sealed chunks."""
         partition, key = self._partition(), card_id.encode()
         header = self.cards.get((partition, key))
         return None if header is None else decode(header, lambda k: self.cards.get((partition, k)), key)
