@@ -33,7 +33,8 @@ batch handler:
 Private faust-streaming names this module relies on (tested with faust-streaming 0.15.3, pinned in
 pyproject.toml; ``tests/unit/test_ingest_internals.py`` fails loudly if any of them changes shape):
 
-* ``faust.transport.drivers.aiokafka.Consumer`` (subclassed) and its ``Transport.Consumer`` slot;
+* ``faust.transport.drivers.aiokafka.Consumer`` (subclassed; ``on_partitions_revoked`` and
+  ``on_partitions_assigned`` extended) and its ``Transport.Consumer`` slot;
 * ``Consumer._drain_messages`` (replaced), ``_wait_next_records``, ``_read_offset``, ``_add_gap``,
   ``_acked``, ``_acked_index``, ``_committed_offset``, ``_n_acked``, ``_commit_every``,
   ``_buffered_partitions``, ``_to_message``, ``perform_seek``, ``flow_active``, ``suspend_flow``,
@@ -139,6 +140,8 @@ class SkipCommit(Exception):  # noqa: N818 - a control-flow signal, not an error
 _commit_hooks: list[CommitHook] = []
 _offset_committer: OffsetCommitter | None = None
 _commit_observer: Callable[[float], None] | None = None
+AssignmentPreparer = Callable[[set[TP]], Awaitable[None]]
+_assignment_preparer: AssignmentPreparer | None = None
 
 
 def before_revoke(hook: RevokeHook) -> RevokeHook:
@@ -260,6 +263,14 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _TunedConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        # Before Faust's own handling, which starts the restores (reading the changelogs' end
+        # offsets) and then seeks to the committed offsets: exactly once waits here until the
+        # previous owner's transactions are complete, so both read what that owner committed.
+        if _assignment_preparer is not None:
+            await _assignment_preparer(assigned)
+        await super().on_partitions_assigned(assigned, generation_id)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         # Intake closes first: a batch handed over after the in-flight work was delivered, or while
@@ -494,16 +505,19 @@ class BatchTransport(faust_aiokafka.Transport):
 
 
 def install(app: AppT, *, commit_offsets: OffsetCommitter | None = None, fetch: FetchOptions | None = None,
-            observe_commit: Callable[[float], None] | None = None) -> None:
+            observe_commit: Callable[[float], None] | None = None,
+            prepare_assignment: AssignmentPreparer | None = None) -> None:
     """Make ``app`` consume through :class:`BatchConsumer` (call before the worker starts).
 
     With ``commit_offsets``, that function commits the offsets (in transactions), every commit holds
     intake, and the consumer reads ``read_committed``. ``fetch`` sets how records are fetched;
-    ``observe_commit`` gets the seconds each commit took (hooks included).
+    ``observe_commit`` gets the seconds each commit took (hooks included); ``prepare_assignment``
+    runs on newly assigned partitions before their restore starts and before they are sought.
     """
-    global _offset_committer, _commit_observer
+    global _offset_committer, _commit_observer, _assignment_preparer
     _offset_committer = commit_offsets
     _commit_observer = observe_commit
+    _assignment_preparer = prepare_assignment
     options = fetch or FetchOptions()
     _TunedConsumerThread.options = FetchOptions(options.min_bytes, options.max_wait_ms, commit_offsets is not None)
     app.transport = BatchTransport(app.conf.broker_consumer, app)

@@ -263,6 +263,11 @@ async def _stop_restore_watch(sender: Any, **kwargs: Any) -> None:
         await asyncio.wait([watch])
 
 
+async def _fence_assigned(assigned: set[Any]) -> None:
+    assert transactions is not None
+    await transactions.fence({tp.partition for tp in assigned if tp.topic == settings.input_topic})
+
+
 if settings.ingest == "batch":
     # The commit protocol, both guarantees, every step in order: agents/checkpoint.py.
     checkpoint = Checkpoint(scoring, app, changelog=changelog, transactions=transactions,
@@ -270,7 +275,8 @@ if settings.ingest == "batch":
     _state_writer = checkpoint.write_behind
     ingest.install(app, commit_offsets=None if transactions is None else checkpoint.commit_transactions,
                    fetch=ingest.FetchOptions(settings.fetch_min_bytes, settings.fetch_max_wait_ms),
-                   observe_commit=scoring.metrics.commit.observe)
+                   observe_commit=scoring.metrics.commit.observe,
+                   prepare_assignment=None if transactions is None else _fence_assigned)
 
     @ingest.before_revoke
     async def _flush_boundary() -> None:

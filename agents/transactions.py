@@ -7,8 +7,9 @@ one transaction of the producer that owns the record's input partition:
 * **One transactional producer per input partition**, ``transactional.id = <group>-<topic>-<partition>``.
   The id follows the partition, not the worker: whoever owns a partition next initialises the same
   id, which fences a previous owner that is still running (a zombie after a missed rebalance) and
-  aborts the transaction a killed owner left open. Producers are opened as soon as partitions are
-  assigned, so that abort happens before the state's changelog is read back.
+  aborts the transaction a killed owner left open. A new owner waits for the id before anything
+  reads the partition's changelog end or committed offset (:meth:`TransactionalOutputs.fence`): the
+  broker grants it only once the previous owner's last transaction is complete.
 * **A commit is a cut.** The consumer holds intake while it commits (see
   :class:`agents.ingest.BatchConsumer`), the model boundary is drained, the state cache's changes are
   staged here as changelog records, and then each open transaction gets its partition's offset and
@@ -95,6 +96,26 @@ class TransactionalOutputs:
     async def open(self, partitions: set[int]) -> None:
         """Open (and fence older owners of) the producers of newly assigned partitions."""
         await asyncio.gather(*(self._producer(p) for p in partitions))
+
+    async def fence(self, partitions: set[int], timeout_s: float = 60.0) -> None:
+        """Open the producers of ``partitions`` and wait until each holds its transactional id.
+
+        The broker grants the id only once the previous owner's last transaction is complete: one it
+        was committing has its markers written, one left open is aborted. Until then that owner's
+        committed offsets and changelog records may not be visible yet (aiokafka reads committed
+        offsets without ``require_stable``), and a new owner that read them early would process
+        committed records again (repeated outputs) or end its restore before the last committed
+        state (a card restored incompletely). A producer's start does not wait for the id; an
+        empty transaction does (it completes without a request to the broker).
+        """
+        async def granted(partition: int) -> None:
+            state = await self._producer(partition)
+            async with state.lock:
+                if not state.in_transaction:
+                    await state.producer.begin_transaction()  # waits for the producer id
+                    await state.producer.commit_transaction()
+
+        await asyncio.wait_for(asyncio.gather(*(granted(p) for p in partitions)), timeout_s)
 
     async def _producer(self, partition: int) -> _Partition:
         state = self._partitions.get(partition)

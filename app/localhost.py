@@ -1,10 +1,16 @@
-"""Loopback helpers shared by the tests, the benchmark and the scripts."""
+"""Loopback helpers shared by the tests, the benchmark and the scripts: free ports and child processes."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
 
-__all__ = ["free_port"]
+__all__ = ["Subprocess", "free_port", "worker_argv", "worker_env"]
 
 
 def free_port() -> int:
@@ -12,3 +18,65 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def worker_argv(log_level: str = "info", *extra: str) -> list[str]:
+    """The command line of a ``seam worker`` run by this Python (the checkout it runs in is its ``cwd``)."""
+    return [sys.executable, "-m", "app", "worker", "-l", log_level, *extra]
+
+
+def worker_env(settings: Mapping[str, str], *, drop: tuple[str, ...] = ("SEAM_",)) -> dict[str, str]:
+    """This process's environment less its ``SEAM_*`` variables (a worker refuses unknown ones), plus ``settings``."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)} | dict(settings)
+
+
+class Subprocess:
+    """A child process writing to its own log file, stopped by PID: SIGTERM once, then SIGKILL."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], log_path: Path, *, cwd: Path | None = None,
+                 append: bool = False) -> None:
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab" if append else "wb")  # noqa: SIM115 - closed in stop()
+        self._terminated = False
+        self.proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def wait_exit(self, timeout_s: float) -> int:
+        """Wait for the process to exit by itself; return its exit code."""
+        return self.proc.wait(timeout_s)
+
+    def terminate(self) -> None:
+        """Ask the process to stop (once: a second SIGTERM makes a Faust worker exit hard)."""
+        if self.proc.poll() is None and not self._terminated:
+            self._terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL, and reap it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; return the exit code (negative if killed)."""
+        if self.proc.poll() is None:
+            self.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode

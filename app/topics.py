@@ -20,16 +20,23 @@ __all__ = ["assign_all", "declare_topics", "ensure_topics", "partition_counts"]
 
 
 async def ensure_topics(
-    bootstrap: str, topics: list[str], partitions: int, replication: int = 1, *, compacted: Sequence[str] = (),
+    bootstrap: str, topics: Sequence[str], partitions: int, replication: int = 1, *, compacted: Sequence[str] = (),
+    log_append_time: Sequence[str] = (),
 ) -> None:
-    """Create the topics that do not exist yet (``compacted`` ones with cleanup.policy=compact)."""
+    """Create the topics that do not exist yet: ``compacted`` ones with cleanup.policy=compact,
+    ``log_append_time`` ones with their timestamps set by the broker (latency measurements).
+
+    The one place seam, its tests, the benchmark and the scripts create topics.
+    """
+    configs: dict[str, dict[str, str]] = {name: {} for name in topics}
+    configs |= {name: {"cleanup.policy": "compact"} for name in compacted}
+    configs |= {name: {"message.timestamp.type": "LogAppendTime"} for name in log_append_time}
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(t, partitions, replication) for t in topics if t not in existing]
-        missing += [NewTopic(t, partitions, replication, topic_configs={"cleanup.policy": "compact"})
-                    for t in compacted if t not in existing]
+        missing = [NewTopic(name, partitions, replication, topic_configs=config)
+                   for name, config in configs.items() if name not in existing]
         if missing:
             response = await admin.create_topics(missing)
             for name, code, *rest in response.topic_errors:

@@ -20,9 +20,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -37,13 +34,13 @@ from aiokafka.partitioner import murmur2
 from rich.progress import Progress, TaskID
 
 from app.loadgen import produce
-from app.localhost import free_port
+from app.localhost import Subprocess, free_port, worker_argv, worker_env
 from app.synthetic import TransactionGenerator
+from app.topics import ensure_topics
 from bench.job import Expected, compare, feature_log_by_id, load_model, reference
 from bench.kafka import (
     PARTITIONS,
     OffsetWatch,
-    create_topics,
     drop_backlog,
     end_offsets,
     produce_inputs,
@@ -81,29 +78,15 @@ class Plan:
     seam_env: dict[str, str] = field(default_factory=dict)  # extra SEAM_* settings for the seam modes
 
 
-class Worker:
+class Worker(Subprocess):
     """A benchmark process with its log file, stopped by PID (SIGTERM, then SIGKILL)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self._out = open(log, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+        super().__init__(argv, env, log, cwd=ROOT, append=True)
 
     def check(self) -> None:
-        if self.proc.poll() is not None:
-            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
-            raise RuntimeError(f"{self.log.stem} exited with {self.proc.returncode}:\n{tail}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._out.close()
+        if not self.running():
+            raise RuntimeError(f"{self.log_path.stem} exited with {self.proc.returncode}:\n{self.log_tail(30)}")
 
 
 @dataclass
@@ -128,7 +111,7 @@ class Run:
 
     async def create_topics(self) -> None:
         changelogs = [f"{self.app_id}-{t}-changelog" for t in ("card-state", "watermarks")]
-        await create_topics(self.bootstrap, [], compacted=changelogs,
+        await ensure_topics(self.bootstrap, [], PARTITIONS, compacted=changelogs,
                             log_append_time=[self.topic(k) for k in ("tx", "pred", "dlq", "late")])
 
     def start(self) -> Worker:
@@ -142,7 +125,7 @@ class Run:
             self.worker = None
 
     def _command(self) -> tuple[list[str], dict[str, str]]:
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("SEAM_", "BENCH_"))}
+        base = worker_env({}, drop=("SEAM_", "BENCH_"))
         data = self.workdir / self.app_id
         data.mkdir(parents=True, exist_ok=True)
         if self.mode == CEILING:
@@ -161,7 +144,7 @@ class Run:
                 "SEAM_INGEST": "stream" if self.mode == "seam-stream" else "batch",
                 "SEAM_PROCESSING_GUARANTEE": "exactly_once" if self.mode == "seam-exactly-once" else "at_least_once",
             } | self.seam_env
-            return [sys.executable, "-m", "app", "worker", "-l", "warn"], env
+            return worker_argv("warn"), env
         env = base | {
             "BENCH_MODE": self.mode, "BENCH_BROKER": f"kafka://{self.bootstrap}", "BENCH_APP_ID": self.app_id,
             "BENCH_INPUT": self.topic("tx"), "BENCH_PREDICTIONS": self.topic("pred"), "BENCH_DLQ": self.topic("dlq"),
@@ -259,7 +242,7 @@ class Bench:
         while await watch.total() <= before:
             worker.check()
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{run.mode} did not come back after a restart (log: {worker.log})")
+                raise RuntimeError(f"{run.mode} did not come back after a restart (log: {worker.log_path})")
             await asyncio.sleep(0.2)
 
     async def _saturate(self, run: Run, watch: OffsetWatch, count: int) -> dict[str, Any]:

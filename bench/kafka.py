@@ -15,40 +15,19 @@ from collections.abc import Sequence
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
-from aiokafka.errors import TopicAlreadyExistsError
 
 from app.topics import assign_all
 
 __all__ = [
-    "PARTITIONS", "OutputRecord", "create_topics", "drop_backlog", "end_offsets", "output_span", "produce_inputs",
+    "PARTITIONS", "OutputRecord", "drop_backlog", "end_offsets", "output_span", "produce_inputs",
     "raw_passthrough", "read_range",
 ]
 
 PARTITIONS = 8
 Offsets = dict[int, int]
 OutputRecord = tuple[int, bytes]  # (timestamp ms, value)
-
-
-async def create_topics(bootstrap: str, names: Sequence[str], *, partitions: int = PARTITIONS,
-                        log_append_time: Sequence[str] = (), compacted: Sequence[str] = ()) -> None:
-    """Create topics (``log_append_time`` ones stamped by the broker, ``compacted`` ones compacted)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        def config(name: str) -> dict[str, str]:
-            if name in log_append_time:
-                return {"message.timestamp.type": "LogAppendTime"}
-            return {"cleanup.policy": "compact"} if name in compacted else {}
-
-        wanted = [*names, *log_append_time, *compacted]
-        response = await admin.create_topics([NewTopic(n, partitions, 1, topic_configs=config(n)) for n in wanted])
-        for name, code, *rest in response.topic_errors:
-            if code not in (0, TopicAlreadyExistsError.errno):
-                raise RuntimeError(f"creating topic {name!r} failed: error {code} {rest[0] if rest else ''}")
-    finally:
-        await admin.close()
 
 
 async def produce_inputs(bootstrap: str, topic: str, values: Sequence[tuple[bytes, bytes]]) -> None:

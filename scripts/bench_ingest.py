@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -31,7 +30,7 @@ import orjson
 from bench_common import local_broker, publish
 from rich.console import Console
 
-from app.localhost import free_port
+from app.localhost import Subprocess, free_port, worker_argv
 from app.synthetic import TransactionGenerator
 from app.topics import ensure_topics
 from bench.kafka import output_span, produce_inputs, raw_passthrough
@@ -39,20 +38,6 @@ from bench.kafka import output_span, produce_inputs, raw_passthrough
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()
 PARTITIONS = 8
-
-
-def run_worker(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 async def measure(bootstrap: str, name: str, source: str, n: int, start: object, workdir: Path) -> dict[str, object]:
@@ -64,13 +49,13 @@ async def measure(bootstrap: str, name: str, source: str, n: int, start: object,
         task = asyncio.create_task(start(sink))
     else:
         argv, env = start  # type: ignore[misc]
-        proc = run_worker(argv, {**env, "PT_OUTPUT": sink, "SEAM_PREDICTIONS_TOPIC": sink},
+        proc = Subprocess(argv, {**env, "PT_OUTPUT": sink, "SEAM_PREDICTIONS_TOPIC": sink},
                           workdir / f"{name.replace(' ', '_')}.log")
     try:
         count, span = await output_span(bootstrap, sink, n, timeout_s=600)
     finally:
         if proc is not None:
-            stop(proc)
+            proc.stop()
         if task is not None:
             task.cancel()
     rate = (count - 1) / span if count > 1 else 0.0
@@ -111,7 +96,7 @@ async def main_async(args: argparse.Namespace, bootstrap: str, workdir: Path) ->
                    "SEAM_INPUT_TOPIC": tx_topic, "SEAM_DLQ_TOPIC": f"bench-dlq-{suffix}",
                    "SEAM_LATE_TOPIC": f"bench-late-{suffix}", "SEAM_INGEST": ingest,
                    "SEAM_DATA_DIR": str(workdir / f"seam-{ingest}"), "SEAM_WEB_PORT": str(free_port())}
-            argv = [sys.executable, "-m", "app", "worker", "-l", "warn"]
+            argv = worker_argv("warn")
             results.append(await measure(bootstrap, f"seam pipeline, {ingest}", tx_topic, len(transactions),
                                          (argv, env), workdir))
     return results

@@ -24,8 +24,6 @@ import json
 import os
 import platform
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,7 +40,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from bench_common import local_broker, publish
 from rich.console import Console
 
-from app.localhost import free_port
+from app.localhost import Subprocess, free_port, worker_argv, worker_env
 from app.synthetic import TransactionGenerator
 from app.topics import assign_all, ensure_topics
 
@@ -61,7 +59,7 @@ class Group:
     workdir: Path
     env: dict[str, str]
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-    procs: dict[str, tuple[subprocess.Popen[bytes], int]] = field(default_factory=dict)
+    procs: dict[str, tuple[Subprocess, int]] = field(default_factory=dict)
 
     @property
     def input(self) -> str:
@@ -77,16 +75,13 @@ class Group:
 
     def start(self, name: str) -> None:
         port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_")} | {
+        env = worker_env({
             "SEAM_BROKER_URL": f"kafka://{self.bootstrap}", "SEAM_APP_ID": f"bench-{self.tag}",
             "SEAM_INPUT_TOPIC": self.input, "SEAM_PREDICTIONS_TOPIC": self.predictions,
             "SEAM_DLQ_TOPIC": f"bench-dlq-{self.tag}", "SEAM_LATE_TOPIC": f"bench-late-{self.tag}",
             "SEAM_TOPIC_PARTITIONS": str(PARTITIONS), "SEAM_DATA_DIR": str(self.workdir / name),
-            "SEAM_WEB_PORT": str(port), **self.env}
-        (self.workdir / name).mkdir(parents=True, exist_ok=True)
-        with open(self.log(name), "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "app", "worker", "-l", "info"], env=env, cwd=ROOT,
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            "SEAM_WEB_PORT": str(port), **self.env})
+        proc = Subprocess(worker_argv("info"), env, self.log(name), cwd=ROOT)
         self.procs[name] = (proc, port)
 
     def log(self, name: str) -> Path:
@@ -110,8 +105,8 @@ class Group:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for name, (proc, _port) in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"worker {name} exited with {proc.returncode}; see {self.log(name)}")
+                if not proc.running():
+                    raise RuntimeError(f"worker {name} exited with {proc.proc.returncode}; see {self.log(name)}")
             views = [self.get(name, "/cluster/") for name in self.procs]
             ready = [self.get(name, "/ready/") for name in self.procs]
             if all(v and [m["url"] for m in v["workers"]] == urls and not v["unowned_input_partitions"]
@@ -125,14 +120,9 @@ class Group:
 
     def stop(self) -> None:
         for proc, _port in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
+            proc.terminate()  # all at once, then each waited for
         for proc, _port in self.procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.stop()
 
 
 def transactions(generator: TransactionGenerator, count: int) -> Iterator[tuple[bytes, bytes]]:
@@ -265,8 +255,7 @@ def recovery_run(bootstrap: str, workdir: Path, standbys: int, args: argparse.Na
         watch = FirstAfter(bootstrap, group.predictions, victim, timeout_s=args.session_timeout + 300)
         killed_at = time.time()
         watch.since_ms = int(killed_at * 1000)
-        group.procs["b"][0].send_signal(signal.SIGKILL)
-        group.procs["b"][0].wait()
+        group.procs["b"][0].kill()
         first = watch.result()
         stop.set()
         live.join()

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from rich.live import Live
 from rich.table import Table
 
 from app.loadgen import produce
+from app.localhost import Subprocess, worker_argv
 from app.settings import Settings
 from app.synthetic import TransactionGenerator
 from app.topics import assign_all
@@ -105,21 +105,20 @@ async def get_json(url: str) -> dict[str, Any] | None:
         return None
 
 
-async def wait_ready(url: str, worker: subprocess.Popen[bytes], log: Path, timeout_s: float = 90) -> dict[str, Any]:
+async def wait_ready(url: str, worker: Subprocess, timeout_s: float = 90) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if worker.poll() is not None:
-            raise SystemExit(f"demo: the worker exited with {worker.returncode}; see {log}")
+        if not worker.running():
+            raise SystemExit(f"demo: the worker exited with {worker.proc.returncode}; see {worker.log_path}")
         model = await get_json(url)
         if model is not None:
             return model
         await asyncio.sleep(0.5)
-    raise SystemExit(f"demo: the worker did not become ready in {timeout_s:.0f}s; see {log}")
+    raise SystemExit(f"demo: the worker did not become ready in {timeout_s:.0f}s; see {worker.log_path}")
 
 
-async def run(args: argparse.Namespace, settings: Settings, web: str, worker: subprocess.Popen[bytes],
-              log: Path) -> int:
-    await wait_ready(f"{web}/ready/", worker, log)  # partitions assigned, state restored
+async def run(args: argparse.Namespace, settings: Settings, web: str, worker: Subprocess) -> int:
+    await wait_ready(f"{web}/ready/", worker)  # partitions assigned, state restored
     model = await get_json(f"{web}/model/") or {}
     console.print(f"worker ready: model {model['model']} on {model['provider']}, web {web}/model/")
     tally, ready, stop = Tally(), asyncio.Event(), asyncio.Event()
@@ -138,9 +137,9 @@ async def run(args: argparse.Namespace, settings: Settings, web: str, worker: su
             generator=generator, partitions=settings.topic_partitions,
             on_progress=lambda done, _total: progress.__setitem__("sent", done)))
         while not producing.done():
-            if worker.poll() is not None:
+            if not worker.running():
                 producing.cancel()
-                raise SystemExit(f"demo: the worker exited with {worker.returncode}; see {log}")
+                raise SystemExit(f"demo: the worker exited with {worker.proc.returncode}; see {worker.log_path}")
             live.update(tally.line(progress["sent"], total))
             await asyncio.sleep(0.25)
         report = producing.result()
@@ -227,16 +226,6 @@ def summary(sent: int, tally: Tally, args: argparse.Namespace, stats: dict[str, 
     return 0 if ok else 1
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -269,18 +258,16 @@ def main() -> int:
     settings = Settings.from_env({k: v for k, v in env.items() if k.startswith("SEAM_")})
     web = f"http://{settings.web_host}:{settings.web_port}"
     log = data_dir / "worker.log"
-    worker: subprocess.Popen[bytes] | None = None
+    worker: Subprocess | None = None
     try:
-        with open(log, "wb") as out:
-            worker = subprocess.Popen([sys.executable, "-m", "app", "worker", "-l", "info"], env=env,
-                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        worker = Subprocess(worker_argv("info"), env, log)
         console.print(f"worker started (pid {worker.pid}, log {log})")
-        return asyncio.run(run(args, settings, web, worker, log))
+        return asyncio.run(run(args, settings, web, worker))
     except KeyboardInterrupt:
         return 130
     finally:
         if worker is not None:
-            stop_process(worker)
+            worker.stop()
             console.print(f"worker stopped (pid {worker.pid})")
         if started_broker:
             broker.down()

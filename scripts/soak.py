@@ -31,14 +31,13 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from app.localhost import free_port
+from app.localhost import Subprocess, free_port, worker_argv, worker_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kafka_local  # noqa: E402
 
 from app.synthetic import TransactionGenerator  # noqa: E402
-from app.topics import assign_all  # noqa: E402
-from bench.kafka import create_topics  # noqa: E402
+from app.topics import assign_all, ensure_topics  # noqa: E402
 from bench.promtext import fetch, histograms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,21 +130,18 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
     suffix = uuid.uuid4().hex[:8]
     source, sink = f"soak-tx-{suffix}", f"soak-pred-{suffix}"
     names = {"dlq": f"soak-dlq-{suffix}", "late": f"soak-late-{suffix}", "feat": f"soak-feat-{suffix}"}
-    await create_topics(bootstrap, [], partitions=PARTITIONS, log_append_time=[source, sink, *names.values()])
+    await ensure_topics(bootstrap, [], PARTITIONS, log_append_time=[source, sink, *names.values()])
     port = free_port()
     data = Path(args.data_dir) / suffix
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_")} | {
+    env = worker_env({
         "SEAM_BROKER_URL": f"kafka://{bootstrap}", "SEAM_APP_ID": f"soak-{suffix}", "SEAM_INPUT_TOPIC": source,
         "SEAM_PREDICTIONS_TOPIC": sink, "SEAM_DLQ_TOPIC": names["dlq"], "SEAM_LATE_TOPIC": names["late"],
         "SEAM_DATA_DIR": str(data), "SEAM_WEB_PORT": str(port), "SEAM_TOPIC_PARTITIONS": str(PARTITIONS),
-    } | dict(item.split("=", 1) for item in args.seam_env)
+    } | dict(item.split("=", 1) for item in args.seam_env))
     if "feature_log_topic" in (args.worker_root / "app" / "settings.py").read_text() and \
             "SEAM_FEATURE_LOG_TOPIC" not in env:
         env["SEAM_FEATURE_LOG_TOPIC"] = names["feat"]
-    data.mkdir(parents=True, exist_ok=True)
-    log = (data / "worker.log").open("wb")
-    worker = subprocess.Popen([sys.executable, "-m", "app", "worker", "-l", "warn"], env=env, cwd=args.worker_root,
-                              stdout=log, stderr=subprocess.STDOUT)
+    worker = Subprocess(worker_argv("warn"), env, data / "worker.log", cwd=args.worker_root)
     metrics_url = f"http://127.0.0.1:{port}/metrics"
     try:
         deadline = time.monotonic() + 120
@@ -154,7 +150,7 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
                                                                      timeout=2) as r:
                 if r.status == 200:
                     break
-            if worker.poll() is not None or time.monotonic() > deadline:
+            if not worker.running() or time.monotonic() > deadline:
                 raise SystemExit(f"soak: the worker is not ready; see {data / 'worker.log'}")
             await asyncio.sleep(0.5)
         windows = [Window() for _ in range(int(np.ceil(args.duration / args.window)))]
@@ -184,12 +180,7 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
         print(json.dumps({"unanswered": unanswered, "sent": int(args.rate * args.duration)}), flush=True)
         return report
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-        log.close()
+        worker.stop()
 
 
 def main() -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -19,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from agents.codec import FEATURE_RECORD_FORMAT, decode_feature_record
+from app.localhost import Subprocess, worker_argv, worker_env
 from app.topics import assign_all, ensure_topics
 from tables.features import DEFAULT_SPEC
 
@@ -52,59 +51,19 @@ class Topics:
         }
 
 
-class Process:
-    """A worker subprocess with its log file; stopped by PID."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self._terminated = False
-        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-
-    def log_tail(self, lines: int = 60) -> str:
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
-    def wait_exit(self, timeout_s: float) -> int:
-        """Wait for the process to exit by itself; return its exit code."""
-        return self.proc.wait(timeout_s)
-
-    def terminate(self) -> None:
-        """Ask the worker to stop (once: a second SIGTERM makes a Faust worker exit hard)."""
-        if self.proc.poll() is None and not self._terminated:
-            self._terminated = True
-            self.proc.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM, wait, then SIGKILL; return the exit code."""
-        if self.proc.poll() is None:
-            self.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
-
-
-class Worker(Process):
+class Worker(Subprocess):
     """A ``seam worker`` subprocess with its own data folder, web port and log file."""
 
     def __init__(self, bootstrap: str, env: dict[str, str], data_dir: Path, web_port: int) -> None:
         self.web_port = web_port
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_")}
-        full_env.update({
+        settings = {
             "SEAM_BROKER_URL": f"kafka://{bootstrap}",
             "SEAM_DATA_DIR": str(data_dir),
             "SEAM_WEB_PORT": str(web_port),
             "SEAM_TOPIC_PARTITIONS": "4",
             **env,
-        })
-        super().__init__([sys.executable, "-m", "app", "worker", "-l", "info"], full_env,
-                         data_dir / "worker.log")
+        }
+        super().__init__(worker_argv("info"), worker_env(settings), data_dir / "worker.log")
 
     def get(self, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
         """GET a path from this worker's web server."""
@@ -132,12 +91,12 @@ class Worker(Process):
 
 
 def passthrough_worker(bootstrap: str, *, app_id: str, input_topic: str, output_topic: str, data_dir: Path,
-                       mode: str = "batch", extra_env: dict[str, str] | None = None) -> Process:
+                       mode: str = "batch", extra_env: dict[str, str] | None = None) -> Subprocess:
     """Start ``scripts/passthrough_app.py`` (decode, produce a small record per input) as a worker."""
     env = dict(os.environ, PT_BROKER=f"kafka://{bootstrap}", PT_APP_ID=app_id, PT_INPUT=input_topic,
                PT_OUTPUT=output_topic, PT_DATA_DIR=str(data_dir), PT_MODE=mode, **(extra_env or {}))
     argv = [sys.executable, str(PASSTHROUGH), "worker", "-l", "info", "--without-web"]
-    return Process(argv, env, data_dir / "worker.log")
+    return Subprocess(argv, env, data_dir / "worker.log")
 
 
 async def committed_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:

@@ -38,6 +38,7 @@ def test_faust_streaming_is_the_tested_version() -> None:
     ("perform_seek", ["self"]),
     ("commit", None),
     ("on_partitions_revoked", ["self", "revoked"]),
+    ("on_partitions_assigned", ["self", "assigned", "generation_id"]),
     ("_new_offset", ["self", "tp"]),
 ])
 def test_consumer_methods_keep_their_signatures(name: str, params: list[str] | None) -> None:
@@ -258,3 +259,65 @@ async def test_a_drain_loop_cancelled_by_a_stop_ends_normally(consumer: ingest.B
     draining.cancel()
     await asyncio.wait([draining])
     assert not draining.cancelled() and draining.exception() is None
+
+
+async def test_an_assignment_is_prepared_before_faust_restores_and_seeks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exactly once: the previous owner's transactions complete before changelog ends or offsets are read."""
+    order: list[str] = []
+    may_finish = asyncio.Event()
+
+    async def prepare(assigned: set[TP]) -> None:
+        order.append(f"prepare {sorted(tp.partition for tp in assigned)}")
+        await may_finish.wait()
+
+    async def faust_assigned(self: object, assigned: set[TP], generation_id: int = 0) -> None:
+        order.append("faust: restore, then seek")
+
+    app = faust.App(f"ingest-assign-{id(object())}", broker="kafka://127.0.0.1:1", store="memory://")
+    monkeypatch.setattr(ingest, "_assignment_preparer", None)
+    ingest.install(app, prepare_assignment=prepare)
+    monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_assigned", faust_assigned)
+    assigning = asyncio.ensure_future(app.consumer.on_partitions_assigned({TP("t", 1), TP("t", 0)}))
+    await asyncio.sleep(0.01)
+    assert order == ["prepare [0, 1]"]  # Faust's handling waits for it
+    may_finish.set()
+    await assigning
+    assert order == ["prepare [0, 1]", "faust: restore, then seek"]
+    ingest.install(app)  # the module-level hook back to none for the other tests
+
+
+async def test_fetched_records_count_as_in_hand_until_the_drain_loop_has_passed_them_on(
+        consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exactly-once restore must not end while records it has not received are in the drain loop."""
+    tp = TP("changelog", 0)
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+    fetched = asyncio.Event()
+    delivering, may_deliver = asyncio.Event(), asyncio.Event()
+    calls = 0
+
+    async def next_records(timeout: float) -> tuple[dict[TP, list[object]], None]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return {tp: _records(tp, 0, 3)}, None  # type: ignore[dict-item]
+        fetched.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def deliver_each(tp_: TP, records: list[object]) -> None:
+        delivering.set()
+        await may_deliver.wait()
+
+    monkeypatch.setattr(consumer, "_wait_next_records", next_records)
+    monkeypatch.setattr(consumer, "_deliver_each", deliver_each)
+    monkeypatch.setattr(type(consumer), "flow_active", True)
+    assert consumer.delivered_all_fetched
+    draining = asyncio.ensure_future(consumer._drain_messages(fetcher))
+    await delivering.wait()
+    assert not consumer.delivered_all_fetched
+    may_deliver.set()
+    await fetched.wait()
+    assert consumer.delivered_all_fetched
+    fetcher._stopped.set()
+    draining.cancel()
+    await asyncio.wait([draining])
