@@ -42,6 +42,7 @@ from agents.ingest import SkipCommit
 from agents.metrics import BoundaryMetrics
 from agents.pipeline import Pipeline, ScoringItem
 from agents.transactions import TransactionalOutputs
+from app.faust_compat import drain_producer_buffer
 from tables.cache import StateCache
 from tables.changelog import ChangelogWriter
 
@@ -155,11 +156,10 @@ class Checkpoint:
     async def _drain_faust_buffer(self) -> None:
         # Faust's own table writes (none on seam's path, but the buffer is Faust's) go through its
         # producer buffer, whose flush gives up after 0.1 s without progress: drain it completely.
-        buffer = self._app.producer.buffer
-        while buffer.size:
-            if buffer.state != "running":  # stopping: the records cannot go out, so neither may offsets
-                raise SkipCommit(f"{buffer.size} changelog records could not be sent")
-            await buffer.flush()
+        def stopping(size: int) -> None:  # the records cannot go out, so neither may offsets
+            raise SkipCommit(f"{size} changelog records could not be sent")
+
+        await drain_producer_buffer(self._app, stopping)
 
     def _observe(self, cache: StateCache, writes: int, seconds: float) -> None:
         metrics = self._scoring.metrics

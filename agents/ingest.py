@@ -4,15 +4,16 @@ Faust delivers records one at a time (a task per message in the consumer's drain
 conductor, the stream, an ack per event); that plumbing, not the model or the broker, caps a Faust
 agent at a few thousand events per second. This module keeps Faust's consumer thread, rebalancing,
 commit bookkeeping, tables and web views, and replaces only the drain loop for topics that have a
-batch handler:
+batch handler. :func:`install` gives an app a consumer of its own and returns its :class:`Ingestion`,
+on which handlers and hooks are registered (they belong to that app, not to this module):
 
-* ``@batch_agent(topic)`` registers ``async def handler(batch: RecordBatch)``. The handler receives
+* ``@ingestion.batch_agent(app, topic)`` registers ``async def handler(batch: RecordBatch)``. The handler receives
   every record the fetch returned for one partition, raw (bytes, offset, key, timestamp), in order.
 * Acknowledgement is explicit: ``batch.ack(offsets)`` marks offsets committable once their outputs
   are delivered; Faust's periodic commit then advances each partition up to the first offset not yet
   acknowledged. Offsets the broker never returns (transaction markers, compacted records) are
   registered as gaps and count as acknowledged, as Faust does for its own path.
-* Rebalance safety: when partitions are revoked, the hooks registered with :func:`before_revoke`
+* Rebalance safety: when partitions are revoked, the hooks registered with :meth:`Ingestion.before_revoke`
   (the pipeline flushes its model boundary) get up to ``REVOKE_FLUSH_TIMEOUT_S`` to deliver what is
   in flight, and what they acknowledged is committed before the partitions go. Every batch also
   remembers the assignment epoch it was fetched in; Faust revokes all partitions at every rebalance
@@ -21,7 +22,7 @@ batch handler:
   never acknowledged after their partition moved.
 * Backpressure: the drain loop awaits the handler, and the handler awaits the model boundary, so a
   full boundary stops fetching; the consumer thread's own fetch buffer bounds what is read ahead.
-* ``@before_commit`` hooks run right before every offset commit (the pipeline flushes its cached
+* :meth:`Ingestion.before_commit` hooks run right before every offset commit (the pipeline flushes its cached
   table writes there, so the changelog records precede the offsets that depend on them).
 * A handler that raises stops the worker without acknowledging the batch (it is redelivered after
   the restart); the error is logged with its partition and offsets.
@@ -30,24 +31,8 @@ batch handler:
   instead of the consumer, every commit holds intake (no handler runs while hooks and the commit
   do), and the consumer reads ``read_committed``.
 
-Private faust-streaming names this module relies on (tested with faust-streaming 0.15.3, pinned in
-pyproject.toml; ``tests/unit/test_ingest_internals.py`` fails loudly if any of them changes shape):
-
-* ``faust.transport.drivers.aiokafka.Consumer`` (subclassed; ``on_partitions_revoked`` and
-  ``on_partitions_assigned`` extended) and its ``Transport.Consumer`` slot;
-* ``Consumer._drain_messages`` (replaced), ``_wait_next_records``, ``_read_offset``, ``_add_gap``,
-  ``_acked``, ``_acked_index``, ``_committed_offset``, ``_n_acked``, ``_commit_every``,
-  ``_buffered_partitions``, ``_to_message``, ``perform_seek``, ``flow_active``, ``suspend_flow``,
-  ``_filter_committable_offsets``, ``_filter_tps_with_pending_acks`` (offsets for transactions),
-  ``_new_consumer_thread``;
-* ``faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's
-  ``AIOKafkaConsumer._isolation_level``, ``_fetch_min_bytes`` and ``_fetch_max_wait_ms`` (read
-  before ``start()``), for ``read_committed`` and the fetch options;
-* ``Store._encode_key``, ``_encode_value``, ``_set`` and ``set_persisted_offset`` (in
-  :mod:`agents.transactions`: state written only once its transaction commits);
-* ``faust.transport.consumer.ack_lock``;
-* ``faust.streams._current_event`` (the ContextVar behind ``faust.current_event()``), set by
-  :func:`table_partition` so table reads and writes from a handler land in the right partition.
+The private faust-streaming and aiokafka names it relies on are listed, and all but the consumer's own
+state used from the subclass are reached through, :mod:`app.faust_compat`.
 """
 
 from __future__ import annotations
@@ -58,15 +43,13 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from faust.streams import _current_event
-from faust.transport.consumer import ack_lock
-from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, AppT, TopicT
 
 from agents.epochs import AssignmentEpochs
+from app.faust_compat import AIOKafkaConsumerThread, FaustConsumer, FaustTransport, ack_lock, current_event, tune_fetch
 
 __all__ = [
     "Acker",
@@ -75,10 +58,8 @@ __all__ = [
     "FetchOptions",
     "RawRecord",
     "RecordBatch",
+    "Ingestion",
     "SkipCommit",
-    "batch_agent",
-    "before_commit",
-    "before_revoke",
     "current_partition",
     "install",
     "table_partition",
@@ -124,50 +105,60 @@ class RecordBatch:
 
 BatchHandler = Callable[[RecordBatch], Awaitable[None]]
 RevokeHook = Callable[[], Awaitable[None]]
-_handlers: dict[str, BatchHandler] = {}
-_revoke_hooks: list[RevokeHook] = []
-REVOKE_FLUSH_TIMEOUT_S = 10.0
-STOP_COMMIT_TIMEOUT_S = 5.0
-
-
 CommitHook = Callable[[], Awaitable[None]]
 OffsetCommitter = Callable[[Mapping[TP, int]], Awaitable[bool]]
+AssignmentPreparer = Callable[[set[TP]], Awaitable[None]]
+REVOKE_FLUSH_TIMEOUT_S = 10.0
+STOP_COMMIT_TIMEOUT_S = 5.0
 
 
 class SkipCommit(Exception):  # noqa: N818 - a control-flow signal, not an error
     """Raised by a commit hook when committing now would be unsafe; the commit is skipped."""
 
-_commit_hooks: list[CommitHook] = []
-_offset_committer: OffsetCommitter | None = None
-_commit_observer: Callable[[float], None] | None = None
-AssignmentPreparer = Callable[[set[TP]], Awaitable[None]]
-_assignment_preparer: AssignmentPreparer | None = None
+
+@dataclass(frozen=True, slots=True)
+class FetchOptions:
+    """How the consumer fetches: a fetch waits up to ``max_wait_ms`` for ``min_bytes`` of records."""
+
+    min_bytes: int = 1
+    max_wait_ms: int = 1500  # Faust's own choice
+    read_committed: bool = False
 
 
-def before_revoke(hook: RevokeHook) -> RevokeHook:
-    """Register ``hook`` to deliver in-flight work before partitions are revoked (bounded in time)."""
-    _revoke_hooks.append(hook)
-    return hook
+@dataclass
+class Ingestion:
+    """One app's batch ingestion: its handlers and hooks, and how it fetches and commits (see :func:`install`)."""
 
+    offset_committer: OffsetCommitter | None = None  # commits in transactions, holding intake
+    commit_observer: Callable[[float], None] | None = None  # gets the seconds each commit took
+    assignment_preparer: AssignmentPreparer | None = None  # before a new assignment is restored and sought
+    fetch: FetchOptions = field(default_factory=FetchOptions)
+    handlers: dict[str, BatchHandler] = field(default_factory=dict)
+    revoke_hooks: list[RevokeHook] = field(default_factory=list)
+    commit_hooks: list[CommitHook] = field(default_factory=list)
 
-def before_commit(hook: CommitHook) -> CommitHook:
-    """Register ``hook`` to run (and be awaited) right before every offset commit."""
-    _commit_hooks.append(hook)
-    return hook
+    def before_revoke(self, hook: RevokeHook) -> RevokeHook:
+        """Register ``hook`` to deliver in-flight work before partitions are revoked (bounded in time)."""
+        self.revoke_hooks.append(hook)
+        return hook
 
+    def before_commit(self, hook: CommitHook) -> CommitHook:
+        """Register ``hook`` to run (and be awaited) right before every offset commit."""
+        self.commit_hooks.append(hook)
+        return hook
 
-def batch_agent(app: AppT, topic: TopicT) -> Callable[[BatchHandler], BatchHandler]:
-    """Register ``handler`` for every partition of ``topic`` (the topic joins the app's subscription)."""
+    def batch_agent(self, app: AppT, topic: TopicT) -> Callable[[BatchHandler], BatchHandler]:
+        """Register ``handler`` for every partition of ``topic`` (the topic joins the app's subscription)."""
 
-    def register(handler: BatchHandler) -> BatchHandler:
-        for name in topic.topics:
-            if name in _handlers:
-                raise ValueError(f"topic {name!r} already has a batch handler")
-            _handlers[name] = handler
-        app.topics.add(topic)
-        return handler
+        def register(handler: BatchHandler) -> BatchHandler:
+            for name in topic.topics:
+                if name in self.handlers:
+                    raise ValueError(f"topic {name!r} already has a batch handler")
+                self.handlers[name] = handler
+            app.topics.add(topic)
+            return handler
 
-    return register
+        return register
 
 
 class _SourceEvent:
@@ -187,7 +178,7 @@ class _SourceMessage:
 
 def current_partition() -> int:
     """The source partition current table reads and writes use (inside :func:`table_partition`)."""
-    ref = _current_event.get(None)
+    ref = current_event.get(None)
     event = ref() if ref is not None else None
     if event is None:
         raise RuntimeError("no current source partition (use table_partition)")
@@ -198,44 +189,37 @@ def current_partition() -> int:
 def table_partition(topic: str, partition: int) -> Iterator[None]:
     """Make table reads and writes inside the block use ``partition`` of ``topic``'s tables."""
     stand_in = _SourceEvent(topic, partition)
-    token = _current_event.set(weakref.ref(stand_in))  # type: ignore[arg-type]
+    token = current_event.set(weakref.ref(stand_in))  # type: ignore[arg-type]
     try:
         yield
     finally:
-        _current_event.reset(token)
+        current_event.reset(token)
 
 
-@dataclass(frozen=True, slots=True)
-class FetchOptions:
-    """How the consumer fetches: a fetch waits up to ``max_wait_ms`` for ``min_bytes`` of records."""
-
-    min_bytes: int = 1
-    max_wait_ms: int = 1500  # Faust's own choice
-    read_committed: bool = False
-
-
-class _TunedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+class _TunedConsumerThread(AIOKafkaConsumerThread):
     """Faust's consumer thread with seam's fetch options (and read_committed for transactions)."""
 
-    options = FetchOptions()
+    def __init__(self, consumer: BatchConsumer, **kwargs: Any) -> None:
+        super().__init__(consumer, **kwargs)
+        self.options = consumer.ingestion.fetch
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        # Read by start(), which has not run yet.
-        consumer._fetch_min_bytes = self.options.min_bytes
-        consumer._fetch_max_wait_ms = self.options.max_wait_ms
-        if self.options.read_committed:
-            consumer._isolation_level = "read_committed"
+        options = self.options
+        tune_fetch(consumer, min_bytes=options.min_bytes, max_wait_ms=options.max_wait_ms,
+                   read_committed=options.read_committed)  # read by start(), which has not run yet
         return consumer
 
 
-class BatchConsumer(faust_aiokafka.Consumer):
+class BatchConsumer(FaustConsumer):
     """Faust's aiokafka consumer whose drain loop hands batch-handled topics over as lists."""
+
+    ingestion = Ingestion()  # :func:`install` gives each app a subclass with its own
 
     @property
     def offset_committer(self) -> OffsetCommitter | None:
         """Set by :func:`install`: commits go through it, holding intake, reading read_committed."""
-        return _offset_committer
+        return self.ingestion.offset_committer
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -261,15 +245,16 @@ class BatchConsumer(faust_aiokafka.Consumer):
         """Acknowledgements dropped because their batch was fetched before a revocation."""
         return self.epochs.stale_acks
 
-    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+    def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return _TunedConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         # Before Faust's own handling, which starts the restores (reading the changelogs' end
         # offsets) and then seeks to the committed offsets: exactly once waits here until the
         # previous owner's transactions are complete, so both read what that owner committed.
-        if _assignment_preparer is not None:
-            await _assignment_preparer(assigned)
+        preparer = self.ingestion.assignment_preparer
+        if preparer is not None:
+            await preparer(assigned)
         await super().on_partitions_assigned(assigned, generation_id)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
@@ -278,9 +263,10 @@ class BatchConsumer(faust_aiokafka.Consumer):
         # owner. No commit runs meanwhile either (one may already hold the producer's flush).
         async with self._committing, self._intake:
             if revoked:
-                if _revoke_hooks:
+                revoke_hooks = self.ingestion.revoke_hooks
+                if revoke_hooks:
                     try:
-                        await asyncio.wait_for(asyncio.gather(*(hook() for hook in _revoke_hooks)),
+                        await asyncio.wait_for(asyncio.gather(*(hook() for hook in revoke_hooks)),
                                                REVOKE_FLUSH_TIMEOUT_S)
                     except TimeoutError:
                         logger.warning("in-flight batches not delivered within %.0fs of revocation; they will "
@@ -313,7 +299,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
     async def _deliver_held(self) -> None:
         for tp, tp_records in self.epochs.take_held().items():
-            await self._deliver_batch(tp, tp_records, _handlers[tp.topic])
+            await self._deliver_batch(tp, tp_records, self.ingestion.handlers[tp.topic])
 
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
         return await self._bounded_while_stopping(self._commit_one_at_a_time(topics, start_new_transaction))
@@ -338,15 +324,16 @@ class BatchConsumer(faust_aiokafka.Consumer):
             else:
                 async with self._intake:  # a cut: no batch is handled until the transactions commit
                     committed = await self._commit_after_hooks(topics, start_new_transaction)
-            if committed and _commit_observer is not None:
-                _commit_observer(time.perf_counter() - started)
+            observer = self.ingestion.commit_observer
+            if committed and observer is not None:
+                observer(time.perf_counter() - started)
             return committed
 
     async def _commit_after_hooks(self, topics: Any, start_new_transaction: bool) -> bool:
         # Runs before Faust computes the committable offsets and flushes the producer, so table
         # writes released here reach the changelog before the offsets that depend on them.
         try:
-            for hook in _commit_hooks:
+            for hook in self.ingestion.commit_hooks:
                 await hook()
         except SkipCommit as reason:
             logger.info("commit skipped: %s", reason)
@@ -406,7 +393,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
                         break
                     if active is not None and tp not in active and tp not in self._buffered_partitions:
                         continue
-                    handler = _handlers.get(tp.topic)
+                    handler = self.ingestion.handlers.get(tp.topic)
                     if handler is None:
                         await self._deliver_each(tp, tp_records)
                     else:
@@ -498,7 +485,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
             self._read_offset[tp] = record.offset
 
 
-class BatchTransport(faust_aiokafka.Transport):
+class BatchTransport(FaustTransport):
     """Faust's aiokafka transport with the batch-delivering consumer."""
 
     Consumer = BatchConsumer
@@ -506,18 +493,20 @@ class BatchTransport(faust_aiokafka.Transport):
 
 def install(app: AppT, *, commit_offsets: OffsetCommitter | None = None, fetch: FetchOptions | None = None,
             observe_commit: Callable[[float], None] | None = None,
-            prepare_assignment: AssignmentPreparer | None = None) -> None:
-    """Make ``app`` consume through :class:`BatchConsumer` (call before the worker starts).
+            prepare_assignment: AssignmentPreparer | None = None) -> Ingestion:
+    """Make ``app`` consume through a :class:`BatchConsumer` of its own (call before the worker starts).
 
     With ``commit_offsets``, that function commits the offsets (in transactions), every commit holds
     intake, and the consumer reads ``read_committed``. ``fetch`` sets how records are fetched;
     ``observe_commit`` gets the seconds each commit took (hooks included); ``prepare_assignment``
     runs on newly assigned partitions before their restore starts and before they are sought.
+    Returns the app's :class:`Ingestion`: register batch handlers and hooks on it.
     """
-    global _offset_committer, _commit_observer, _assignment_preparer
-    _offset_committer = commit_offsets
-    _commit_observer = observe_commit
-    _assignment_preparer = prepare_assignment
     options = fetch or FetchOptions()
-    _TunedConsumerThread.options = FetchOptions(options.min_bytes, options.max_wait_ms, commit_offsets is not None)
-    app.transport = BatchTransport(app.conf.broker_consumer, app)
+    ingestion = Ingestion(
+        offset_committer=commit_offsets, commit_observer=observe_commit, assignment_preparer=prepare_assignment,
+        fetch=FetchOptions(options.min_bytes, options.max_wait_ms, commit_offsets is not None))
+    consumer = type("BatchConsumer", (BatchConsumer,), {"ingestion": ingestion})
+    transport = type("BatchTransport", (BatchTransport,), {"Consumer": consumer})
+    app.transport = transport(app.conf.broker_consumer, app)
+    return ingestion

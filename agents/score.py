@@ -1,9 +1,15 @@
-"""Wiring of the scoring pipeline into Faust: ingestion, the model service, the outputs.
+"""Wiring of the scoring pipeline into a Faust app: ingestion, the model service, the outputs.
 
-``ScoringService`` loads the ONNX Runtime session when the worker starts (never at import), owns the
-model boundary and the pipeline, and delivers scored batches. Records reach the pipeline through
-batch ingestion (``SEAM_INGEST=batch``, the default: per-partition lists beneath Faust's per-event
-path, see :mod:`agents.ingest`) or through a plain Faust agent (``SEAM_INGEST=stream``).
+:func:`install` adds it to an app built from :class:`app.settings.Settings` (see :func:`app.main.create_app`);
+nothing here reads the environment or builds anything at import. ``ScoringService`` loads the ONNX
+Runtime session when the worker starts, owns the model boundary and the pipeline, and delivers scored
+batches. The processing guarantee and the ingestion path are chosen once, in :func:`install`:
+
+* batch ingestion (``SEAM_INGEST=batch``, the default): per-partition lists beneath Faust's per-event
+  path (:mod:`agents.ingest`), state written behind and committed by :class:`agents.checkpoint.Checkpoint`,
+  at least once (changelog on a producer of its own) or exactly once (:mod:`agents.transactions`);
+* stream ingestion (``SEAM_INGEST=stream``): a plain Faust agent, at least once, with each batch's
+  state changes written through Faust's tables at once.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
+import faust
 from faust import Stream
 from faust.types import EventT
 from mode import Service
@@ -28,67 +35,16 @@ from agents.outputs import OutputProducer
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from agents.runtime import ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
-from app.main import app, settings
+from app.settings import Settings
 from tables.cache import StateCache, StoreCard
 from tables.card_store import Stored, changes
 from tables.changelog import ChangelogProducer, ChangelogWriter
 from tables.features import DEFAULT_SPEC, CardState
-from tables.state import (
-    WATERMARK_KEY,
-    card_state,
-    load_state,
-    load_watermark,
-    store_state,
-    store_watermark,
-    watermarks,
-)
+from tables.state import WATERMARK_KEY, StateTables
 
-__all__ = ["ScoringService", "scoring", "transactions_topic"]
+__all__ = ["ScoringService", "install"]
 
 logger = logging.getLogger(__name__)
-
-# internal=True: Faust also declares these (seam creates them earlier, see app.topics).
-transactions_topic = app.topic(settings.input_topic, partitions=settings.topic_partitions, internal=True)
-
-
-# Exactly-once: outputs, state and offsets go into one transaction per input partition per commit.
-transactions = (
-    TransactionalOutputs(bootstrap=settings.broker_bootstrap, group_id=app.conf.id, input_topic=settings.input_topic,
-                         current_epoch=lambda: cast(ingest.BatchConsumer, app.consumer).epoch)
-    if settings.processing_guarantee == "exactly_once" else None)
-
-
-async def _send_changelog(topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]) -> list[int]:
-    producer = scoring.changelog_producer
-    if producer is None:
-        raise RuntimeError("the changelog producer is not running")
-    return await producer.send_many(topic, partition, records)
-
-
-# At least once with batch ingestion: table writes go out in bulk at each commit (tables.changelog).
-changelog = (ChangelogWriter(_send_changelog, functools.partial(ingest.table_partition, settings.input_topic))
-             if transactions is None and settings.ingest == "batch" else None)
-# Batch ingestion: writes changed state behind, between commits (at least once; set below).
-_state_writer: Callable[[], Awaitable[None]] | None = None
-
-
-def _state_writers() -> tuple[StoreCard, Callable[[int], None]]:
-    """How the state cache writes a card's state and a watermark, for the configured mode."""
-    if transactions is None and changelog is None:
-        return store_state, store_watermark  # the plain Faust path: Faust table writes, record by record
-    write = transactions.stage if transactions is not None else changelog.write  # type: ignore[union-attr]
-
-    def write_state(card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
-        partition = ingest.current_partition()
-        writes = changes(card_id.encode(), state, stored, touched)
-        for key, value in writes:
-            write(card_state, partition, key, value)
-        return len(writes)
-
-    def write_watermark(max_ts: int) -> None:
-        write(watermarks, ingest.current_partition(), WATERMARK_KEY, max_ts)
-
-    return write_state, write_watermark
 
 
 def _age_s(item: ScoringItem) -> float:
@@ -116,22 +72,63 @@ GC_YOUNG_ALLOCATIONS = 20_000
 class ScoringService(Service):
     """Owns the model runtime, the boundary and the pipeline; delivers scored batches to Kafka."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, app: faust.App, settings: Settings, tables: StateTables, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.app, self.settings, self.tables = app, settings, tables
         self.runtime: ModelRuntime | None = None
         self.boundary: ModelBoundary[ScoringItem] | None = None
         self.pipeline: Pipeline | None = None
         self.metrics = BoundaryMetrics()
         self.changelog_producer: ChangelogProducer | None = None
         self.output_producer: OutputProducer | None = None
+        # Exactly once: outputs, state and offsets go into one transaction per input partition per commit.
+        self.transactions = (
+            TransactionalOutputs(bootstrap=settings.broker_bootstrap, group_id=app.conf.id,
+                                 input_topic=settings.input_topic,
+                                 current_epoch=lambda: cast(ingest.BatchConsumer, app.consumer).epoch)
+            if settings.processing_guarantee == "exactly_once" else None)
+        # At least once with batch ingestion: table writes go out in bulk (tables.changelog).
+        self.changelog = (
+            ChangelogWriter(self._send_changelog, functools.partial(ingest.table_partition, settings.input_topic))
+            if self.transactions is None and settings.ingest == "batch" else None)
+        # Batch ingestion: writes changed state behind, between commits (set by the ingestion path).
+        self.write_behind: Callable[[], Awaitable[None]] | None = None
+        self._restore_watch: asyncio.Future[None] | None = None
         self._ready = asyncio.Event()
 
+    async def _send_changelog(self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+                              ) -> list[int]:
+        producer = self.changelog_producer
+        if producer is None:
+            raise RuntimeError("the changelog producer is not running")
+        return await producer.send_many(topic, partition, records)
+
+    def _state_writers(self) -> tuple[StoreCard, Callable[[int], None]]:
+        """How the state cache writes a card's state and a watermark, for the configured mode."""
+        tables = self.tables
+        if self.transactions is None and self.changelog is None:
+            return tables.store_state, tables.store_watermark  # the plain Faust path: Faust table writes
+        write = self.transactions.stage if self.transactions is not None else self.changelog.write  # type: ignore[union-attr]
+
+        def write_state(card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
+            partition = ingest.current_partition()
+            writes = changes(card_id.encode(), state, stored, touched)
+            for key, value in writes:
+                write(tables.card_state, partition, key, value)
+            return len(writes)
+
+        def write_watermark(max_ts: int) -> None:
+            write(tables.watermarks, ingest.current_partition(), WATERMARK_KEY, max_ts)
+
+        return write_state, write_watermark
+
     async def on_start(self) -> None:
+        settings = self.settings
         # Faust leaves the root logger at DEBUG whatever -l says; aiokafka then builds a log record
         # for every message it sends (filtered out later, but paid for on the hot path).
         if logging.getLogger("aiokafka").getEffectiveLevel() < logging.INFO:
             logging.getLogger("aiokafka").setLevel(logging.INFO)
-        if changelog is not None:
+        if self.changelog is not None:
             self.changelog_producer = ChangelogProducer(settings.broker_bootstrap)
             await self.changelog_producer.start()
         runtime = await asyncio.to_thread(
@@ -145,18 +142,18 @@ class ScoringService(Service):
             max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
             adaptive=settings.adaptive_batching, observer=self.metrics, age_of=_age_s)
         self.metrics.model.labels(runtime.info.tag, runtime.info.provider).set(1)
-        if transactions is None:
+        if self.transactions is None:
             self.output_producer = OutputProducer(settings.broker_bootstrap)
             await self.output_producer.start()
-        send = transactions.send if transactions is not None else self.output_producer.send  # type: ignore[union-attr]
+        send = self.transactions.send if self.transactions is not None else self.output_producer.send  # type: ignore[union-attr]
         outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send,
                           feature_log_topic=settings.feature_log_topic or None)
         lateness_ms = int(settings.allowed_lateness_s * 1000)
-        store_card, store_max_ts = _state_writers()
+        store_card, store_max_ts = self._state_writers()
         cache = StateCache(
-            load_card=load_state, load_watermark=load_watermark, store_card=store_card, store_watermark=store_max_ts,
-            allowed_lateness_ms=lateness_ms, max_clean_cards=settings.state_cache_cards,
-            max_clean_events=settings.state_cache_events,
+            load_card=self.tables.load_state, load_watermark=self.tables.load_watermark, store_card=store_card,
+            store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
+            max_clean_cards=settings.state_cache_cards, max_clean_events=settings.state_cache_events,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
         self.pipeline = Pipeline(
             boundary, outputs, cache, allowed_lateness_ms=lateness_ms,
@@ -176,7 +173,7 @@ class ScoringService(Service):
         # The app has stopped fetching by now. Commit what is delivered while the changelog producer
         # still runs (the consumer's own last commit comes after this service has stopped).
         if self.pipeline is not None and self.output_producer is not None:
-            await app.consumer.commit()
+            await self.app.consumer.commit()
         if self.boundary is not None:
             self.boundary.close()
         for producer in (self.output_producer, self.changelog_producer):
@@ -204,8 +201,8 @@ class ScoringService(Service):
     @Service.task
     async def _write_behind(self) -> None:
         await self.wait_ready()
-        if _state_writer is not None:
-            await _state_writer()
+        if self.write_behind is not None:
+            await self.write_behind()
 
     @Service.task
     async def _watch_event_loop(self) -> None:
@@ -218,103 +215,127 @@ class ScoringService(Service):
 
     async def _deliver(self, result: BatchResult[ScoringItem]) -> None:
         assert self.pipeline is not None and self.runtime is not None
-        await self.pipeline.deliver(result, self.runtime.info, settings.fraud_threshold)
+        await self.pipeline.deliver(result, self.runtime.info, self.settings.fraud_threshold)
 
     def _on_delivery_failure(self, error: BaseException) -> None:
         # Not acknowledging keeps the offset uncommitted; stopping makes the record come back.
-        if app.should_stop:
+        if self.app.should_stop:
             return  # the producer is closing under a pending send: the record is simply redelivered
         logger.error("an output could not be delivered: %r; stopping the worker", error)
         self.add_future(self.crash(error))  # owned by the service
 
+    # Rebalances and shutdown (connected to the app's signals by install()).
 
-scoring = ScoringService()
-app.service(scoring)  # type: ignore[arg-type]
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        if self.pipeline is not None:
+            self.pipeline.forget_partitions()
+        if self.transactions is not None:
+            await self.transactions.close()
 
-
-@app.on_partitions_revoked.connect  # type: ignore[arg-type]
-async def _forget_cached_state(sender: Any, revoked: Any, **kwargs: Any) -> None:
-    if scoring.pipeline is not None:
-        scoring.pipeline.forget_partitions()
-    if transactions is not None:
-        await transactions.close()
-
-
-@app.on_partitions_assigned.connect  # type: ignore[arg-type]
-async def _open_transactions(sender: Any, assigned: Any, **kwargs: Any) -> None:
-    if transactions is not None:
-        # Fences a previous owner and aborts what it left open, before the changelogs are read back.
-        await transactions.open({tp.partition for tp in assigned if tp.topic == settings.input_topic})
-        global _restore_watch
-        if (_restore_watch is None or _restore_watch.done()) and not app.should_stop:
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        if self.transactions is None:
+            return
+        # Usually opened already (fence_assigned, before the restore); opens what is not.
+        await self.transactions.open({tp.partition for tp in assigned if tp.topic == self.settings.input_topic})
+        watch = self._restore_watch
+        if (watch is None or watch.done()) and not self.app.should_stop:
             # Started here, not as a service task: user services start only after the restore it ends.
-            _restore_watch = asyncio.ensure_future(release_restores(app))
+            self._restore_watch = asyncio.ensure_future(release_restores(self.app))
+
+    async def fence_assigned(self, assigned: set[Any]) -> None:
+        """Exactly once: wait for the previous owners' transactions before restoring and seeking."""
+        assert self.transactions is not None
+        await self.transactions.fence({tp.partition for tp in assigned if tp.topic == self.settings.input_topic})
+
+    async def before_shutdown(self) -> None:
+        # Owned here: left running, the restore watch outlives the consumer and fails once the event
+        # loop is closed.
+        watch = self._restore_watch
+        if watch is not None and not watch.done():
+            watch.cancel()
+            await asyncio.wait([watch])
 
 
-_restore_watch: asyncio.Future[None] | None = None
+def install(app: faust.App, settings: Settings, tables: StateTables) -> ScoringService:
+    """Add the scoring service and the ingestion path the settings choose to ``app``."""
+    scoring = ScoringService(app, settings, tables)
+    app.service(scoring)  # type: ignore[arg-type]
+
+    async def revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        await scoring.on_partitions_revoked(revoked)
+
+    async def assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        await scoring.on_partitions_assigned(assigned)
+
+    async def shutting_down(sender: Any, **kwargs: Any) -> None:
+        await scoring.before_shutdown()
+
+    app.on_partitions_revoked.connect(revoked)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(assigned)  # type: ignore[arg-type]
+    app.on_before_shutdown.connect(shutting_down)  # type: ignore[arg-type]
+    # internal=True: Faust also declares the topic (seam creates it earlier, see app.topics).
+    topic = app.topic(settings.input_topic, partitions=settings.topic_partitions, internal=True)
+    ingestion = BatchIngestion() if settings.ingest == "batch" else StreamIngestion()
+    ingestion.install(app, settings, scoring, topic)
+    return scoring
 
 
-@app.on_before_shutdown.connect  # type: ignore[arg-type]
-async def _stop_restore_watch(sender: Any, **kwargs: Any) -> None:
-    # Owned here: left running, it outlives the consumer and fails once the event loop is closed.
-    watch = _restore_watch
-    if watch is not None and not watch.done():
-        watch.cancel()
-        await asyncio.wait([watch])
+class BatchIngestion:
+    """Per-partition lists beneath Faust's per-event path; commits through the checkpoint."""
+
+    def install(self, app: faust.App, settings: Settings, scoring: ScoringService, topic: Any) -> None:
+        transactions = scoring.transactions
+        # The commit protocol, both guarantees, every step in order: agents/checkpoint.py.
+        checkpoint = Checkpoint(scoring, app, changelog=scoring.changelog, transactions=transactions,
+                                write_interval_s=settings.state_write_interval_s)
+        scoring.write_behind = checkpoint.write_behind
+        ingestion = ingest.install(
+            app, commit_offsets=None if transactions is None else checkpoint.commit_transactions,
+            fetch=ingest.FetchOptions(settings.fetch_min_bytes, settings.fetch_max_wait_ms),
+            observe_commit=scoring.metrics.commit.observe,
+            prepare_assignment=None if transactions is None else scoring.fence_assigned)
+
+        @ingestion.before_revoke
+        async def _flush_boundary() -> None:
+            if scoring.boundary is not None:
+                await scoring.boundary.flush()
+
+        ingestion.before_commit(checkpoint.before_offsets)
+
+        @ingestion.batch_agent(app, topic)
+        async def score_batches(batch: ingest.RecordBatch) -> None:
+            """Compute the features of a partition's fetched records and hand them to the boundary."""
+            pipeline = await scoring.wait_ready()
+            await pipeline.handle(batch)
 
 
-async def _fence_assigned(assigned: set[Any]) -> None:
-    assert transactions is not None
-    await transactions.fence({tp.partition for tp in assigned if tp.topic == settings.input_topic})
+class _StreamRecord:
+    """A Faust message as the pipeline's raw record (timestamp in milliseconds)."""
+
+    __slots__ = ("topic", "partition", "offset", "timestamp", "key", "value")
+
+    def __init__(self, topic: str, partition: int, offset: int, timestamp: int,
+                 key: bytes | None, value: bytes | None) -> None:
+        self.topic, self.partition, self.offset = topic, partition, offset
+        self.timestamp, self.key, self.value = timestamp, key, value
 
 
-if settings.ingest == "batch":
-    # The commit protocol, both guarantees, every step in order: agents/checkpoint.py.
-    checkpoint = Checkpoint(scoring, app, changelog=changelog, transactions=transactions,
-                            write_interval_s=settings.state_write_interval_s)
-    _state_writer = checkpoint.write_behind
-    ingest.install(app, commit_offsets=None if transactions is None else checkpoint.commit_transactions,
-                   fetch=ingest.FetchOptions(settings.fetch_min_bytes, settings.fetch_max_wait_ms),
-                   observe_commit=scoring.metrics.commit.observe,
-                   prepare_assignment=None if transactions is None else _fence_assigned)
+def _acker(event: EventT) -> ingest.Acker:
+    def ack(_offsets: Sequence[int]) -> bool:
+        return event.ack()
 
-    @ingest.before_revoke
-    async def _flush_boundary() -> None:
-        if scoring.boundary is not None:
-            await scoring.boundary.flush()
+    return ack
 
-    ingest.before_commit(checkpoint.before_offsets)
 
-    @ingest.batch_agent(app, transactions_topic)
-    async def score_batches(batch: ingest.RecordBatch) -> None:
-        """Compute the features of a partition's fetched records and hand them to the boundary."""
-        pipeline = await scoring.wait_ready()
-        await pipeline.handle(batch)
+class StreamIngestion:
+    """The plain Faust path: one event at a time through the same pipeline (at least once)."""
 
-else:
-
-    class _StreamRecord:
-        """A Faust message as the pipeline's raw record (timestamp in milliseconds)."""
-
-        __slots__ = ("topic", "partition", "offset", "timestamp", "key", "value")
-
-        def __init__(self, topic: str, partition: int, offset: int, timestamp: int,
-                     key: bytes | None, value: bytes | None) -> None:
-            self.topic, self.partition, self.offset = topic, partition, offset
-            self.timestamp, self.key, self.value = timestamp, key, value
-
-    def _acker(event: EventT) -> ingest.Acker:
-        def ack(_offsets: Sequence[int]) -> bool:
-            return event.ack()
-
-        return ack
-
-    @app.agent(transactions_topic)  # type: ignore[arg-type]  # noack() is on Stream, not StreamT
-    async def score_events(stream: Stream[bytes]) -> None:
-        """The plain Faust path: one event at a time through the same pipeline."""
-        pipeline = await scoring.wait_ready()
-        async for event in stream.noack().events():
-            msg = event.message
-            record = _StreamRecord(msg.topic, msg.partition, msg.offset, int((msg.timestamp or 0) * 1000),
-                                   msg.key, msg.value)
-            await pipeline.handle(ingest.RecordBatch(msg.topic, msg.partition, [record], _acker(event)))
+    def install(self, app: faust.App, settings: Settings, scoring: ScoringService, topic: Any) -> None:
+        @app.agent(topic)  # type: ignore[arg-type]  # noack() is on Stream, not StreamT
+        async def score_events(stream: Stream[bytes]) -> None:
+            pipeline = await scoring.wait_ready()
+            async for event in stream.noack().events():
+                msg = event.message
+                record = _StreamRecord(msg.topic, msg.partition, msg.offset, int((msg.timestamp or 0) * 1000),
+                                       msg.key, msg.value)
+                await pipeline.handle(ingest.RecordBatch(msg.topic, msg.partition, [record], _acker(event)))

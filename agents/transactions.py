@@ -46,6 +46,7 @@ from aiokafka.structs import OffsetAndMetadata
 from faust.types import TP
 
 from agents.ingest import RecordBatch, table_partition
+from app.faust_compat import restore_state
 from tables.changelog import Write, encode, persist_offsets, store
 
 __all__ = ["TransactionalOutputs", "release_restores"]
@@ -232,23 +233,22 @@ async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
     fetched is still on its way to the restore: the drain loop has handed on every record it fetched
     and the changelog queue is empty. (Faust drops a changelog record at or below the offset marked
     restored: ending while records were fetched but not yet received restored a card incompletely.)
-    Uses ``Recovery.in_recovery``, ``active_highwaters`` and ``active_offsets`` (faust-streaming 0.15.3).
+    Faust's restore state is read through :func:`app.faust_compat.restore_state`.
     """
     still: dict[Any, int] = {}
     while not app.should_stop:  # the consumer goes first when the worker stops
         await asyncio.sleep(interval_s)
-        recovery = app.tables.recovery
-        if not recovery.in_recovery:
+        restoring, highwaters, offsets, queue_empty = restore_state(app)
+        if not restoring:
             still.clear()
             continue
-        offsets = recovery.active_offsets
-        for tp, highwater in list(recovery.active_highwaters.items()):
+        for tp, highwater in list(highwaters.items()):
             applied = offsets.get(tp)
             if highwater is None or applied is None or applied >= highwater:
                 continue
             position = await app.consumer.position(tp)
             if (position is not None and position > highwater and still.get(tp) == applied
-                    and app.consumer.delivered_all_fetched and app.tables.changelog_queue.empty()):
+                    and app.consumer.delivered_all_fetched and queue_empty):
                 logger.info("restore of %s ends at offset %d: only transaction markers follow", tp, applied)
                 offsets[tp] = highwater
             still[tp] = applied

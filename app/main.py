@@ -1,61 +1,86 @@
-"""Build seam's Faust app from the settings and run its command line (``seam worker -l info``)."""
+"""Build seam's Faust app from its settings and run its command line (``seam worker -l info``).
+
+Importing this module (or any of seam's) reads no environment and builds nothing: :func:`create_app`
+builds an app from a :class:`Settings` object, and :func:`main`, the ``seam`` command, reads the
+settings from the ``SEAM_*`` variables first.
+"""
 
 from __future__ import annotations
 
 import socket
+import sys
 from typing import Any
 
 import faust
 
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 from app.topics import declare_topics
 
-__all__ = ["app", "main", "settings"]
+__all__ = ["create_app", "main"]
 
-settings = Settings.from_env()
-
-# The app id names the consumer group and prefixes the changelog topics ("<id>-card-state-changelog");
-# changing it (or `version`) starts from empty state and the group's committed offsets are not reused.
-app = faust.App(
-    settings.app_id,
-    version=1,
-    broker=settings.broker_url,
-    store="rocksdb://",
-    datadir=str(settings.data_dir),
-    web_port=settings.web_port,
-    web_bind=settings.web_bind,
-    web_host=settings.web_host or socket.gethostname(),
-    topic_partitions=settings.topic_partitions,
-    topic_replication_factor=settings.topic_replication_factor,
-    broker_max_poll_records=settings.max_poll_records,
-    broker_commit_interval=settings.commit_interval_s,
-    broker_session_timeout=settings.session_timeout_s,
-    broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
-    producer_acks=-1,
-    # A few milliseconds of linger turn thousands of per-record produce requests into a few batches.
-    producer_linger=0.005,
-    producer_max_batch_size=256 * 1024,
-    consumer_auto_offset_reset="earliest",
-    key_serializer="raw",
-    value_serializer="raw",
-    # Unacknowledged records are redelivered anyway; waiting for them would only stall shutdown.
-    stream_wait_empty=False,
-    autodiscover=False,
-    table_standby_replicas=settings.standby_replicas,
-)
+_HELP = {"--help", "-h"}
 
 
-@app.on_worker_init.connect  # type: ignore[arg-type]
-def _declare_topics(sender: faust.App, **kwargs: Any) -> None:
-    # Changelogs too: one created while the consumer runs is briefly seen with 0 partitions, and a
-    # table write at that moment fails Faust's partition check.
-    declare_topics(settings, [table.changelog_topic_name for table in app.tables.values()])
+def create_app(settings: Settings) -> faust.App:
+    """A Faust app with seam's tables, scoring service, ingestion path, web views and commands."""
+    from agents import score
+    from app import cli, views
+    from tables.state import StateTables
+
+    # The app id names the consumer group and prefixes the changelog topics ("<id>-card-state-changelog");
+    # changing it (or `version`) starts from empty state and the group's committed offsets are not reused.
+    app = faust.App(
+        settings.app_id,
+        version=1,
+        broker=settings.broker_url,
+        store="rocksdb://",
+        datadir=str(settings.data_dir),
+        web_port=settings.web_port,
+        web_bind=settings.web_bind,
+        web_host=settings.web_host or socket.gethostname(),
+        topic_partitions=settings.topic_partitions,
+        topic_replication_factor=settings.topic_replication_factor,
+        broker_max_poll_records=settings.max_poll_records,
+        broker_commit_interval=settings.commit_interval_s,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
+        producer_acks=-1,
+        # A few milliseconds of linger turn thousands of per-record produce requests into a few batches.
+        producer_linger=0.005,
+        producer_max_batch_size=256 * 1024,
+        consumer_auto_offset_reset="earliest",
+        key_serializer="raw",
+        value_serializer="raw",
+        # Unacknowledged records are redelivered anyway; waiting for them would only stall shutdown.
+        stream_wait_empty=False,
+        autodiscover=False,
+        table_standby_replicas=settings.standby_replicas,
+    )
+
+    @app.on_worker_init.connect  # type: ignore[arg-type]
+    def _declare_topics(sender: faust.App, **kwargs: Any) -> None:
+        # Changelogs too: one created while the consumer runs is briefly seen with 0 partitions, and a
+        # table write at that moment fails Faust's partition check.
+        declare_topics(settings, [table.changelog_topic_name for table in app.tables.values()])
+
+    tables = StateTables(app, settings)
+    scoring = score.install(app, settings, tables)
+    views.register(app, settings, scoring, tables)
+    cli.register(app, settings)
+    return app
 
 
-def main() -> None:
-    """Entry point of the ``seam`` console script: Faust's command line for this app."""
-    # Importing these modules declares the topics, tables, agents, services, views and commands.
-    import agents.score  # noqa: F401
-    from app import cli, views  # noqa: F401
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``seam`` console script: Faust's command line for an app built from ``SEAM_*``.
 
-    app.main()
+    Settings that do not parse stop every command with an error that names them, except a request for
+    help, which is answered from the defaults.
+    """
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        if args and not _HELP & set(args):
+            raise SystemExit(f"seam: {exc}") from None
+        settings = Settings()
+    create_app(settings).main()

@@ -1,4 +1,4 @@
-"""Web views served by every worker on Faust's built-in web server."""
+"""Web views served by every worker on Faust's built-in web server (added to an app by :func:`register`)."""
 
 from __future__ import annotations
 
@@ -6,162 +6,166 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import faust
 from aiokafka.partitioner import murmur2
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agents.score import scoring
+from agents.score import ScoringService
 from app.cluster import describe_cluster, local_view
-from app.main import app, settings
+from app.faust_compat import group_distribution, restoring
+from app.settings import Settings
 from tables.features import DEFAULT_SPEC, latest_features
-from tables.state import card_state
+from tables.state import StateTables
 
-__all__ = ["BatcherView", "CardFeaturesView", "ClusterView", "MetricsView", "ModelView", "ReadyView"]
-
-
-@app.page("/model/")
-class ModelView(View):
-    """The model this worker serves, the provider it really runs on, and the boundary's counters."""
-
-    async def get(self, request: Request) -> Response:
-        runtime, boundary = scoring.runtime, scoring.boundary
-        if runtime is None or boundary is None:
-            return self.json({"status": "loading"}, status=503)
-        info = runtime.info
-        return self.json({
-            "model": info.tag,
-            "path": info.path,
-            "provider": info.provider,
-            "feature_names": list(info.feature_names),
-            "max_batch_size": settings.max_batch_size,
-            "max_wait_ms": settings.max_wait_ms,
-            "max_inflight_batches": settings.max_inflight_batches,
-            "waiting": boundary.waiting,
-            "stats": boundary.stats.as_dict(),
-        })
-
-
-@app.page("/ready/")
-class ReadyView(View):
-    """200 once this worker has partitions, has restored their state and has its model loaded."""
-
-    async def get(self, request: Request) -> Response:
-        assignment = app.consumer.assignment() if scoring.pipeline is not None else set()
-        inputs = sorted(tp.partition for tp in assignment if tp.topic == settings.input_topic)
-        ready = bool(inputs) and not app.rebalancing and not app.tables.recovery.in_recovery  # type: ignore[attr-defined]
-        return self.json({"ready": ready, "input_partitions": inputs}, status=200 if ready else 503)
-
-
-@app.page("/batcher/")
-class BatcherView(View):
-    """The boundary's live settings, its adaptive estimates and recent batch statistics."""
-
-    async def get(self, request: Request) -> Response:
-        boundary = scoring.boundary
-        if boundary is None:
-            return self.json({"status": "loading"}, status=503)
-        batcher = boundary.batcher
-        a_s, b_s = batcher.latency.coefficients()
-        return self.json({
-            "max_batch_size": batcher.max_batch_size,
-            "max_wait_ms": batcher.max_wait_s * 1000,
-            "sla_ms": None if batcher.sla_s is None else batcher.sla_s * 1000,
-            "max_inflight_batches": settings.max_inflight_batches,
-            "adaptive": batcher.adaptive,
-            "target_batch_size": batcher.target_size(),
-            "arrival_rate_per_s": batcher.rate.rate(),
-            "inference_ms_model": {"per_call": a_s * 1000, "per_row": b_s * 1000},
-            "waiting": boundary.waiting,
-            "stats": boundary.stats.as_dict(),
-        })
-
-
-@app.page("/metrics")
-class MetricsView(View):
-    """Prometheus metrics of this worker."""
-
-    async def get(self, request: Request) -> Response:
-        # aiohttp refuses a charset inside content_type; the exposition format is ASCII anyway.
-        content_type = CONTENT_TYPE_LATEST.split("; charset")[0]
-        return self.bytes(generate_latest(scoring.metrics.registry), content_type=content_type)
-
-
-def card_partition(card_id: str) -> int:
-    """The input partition of a card keyed by its id (Kafka's default partitioner, as Faust routes)."""
-    return (murmur2(card_id.encode()) & 0x7FFFFFFF) % settings.topic_partitions
-
-
-@app.page("/features/{card_id}/")
-class CardFeaturesView(View):
-    """A card's features as of its latest applied event and its partition's watermark (owner answers)."""
-
-    @app.table_route(table=card_state, match_info="card_id")  # type: ignore[arg-type]
-    async def get(self, request: Request, card_id: str) -> Response:
-        pipeline = scoring.pipeline
-        if pipeline is None:
-            return self.json({"status": "loading"}, status=503)
-        partition = card_partition(card_id)
-        state = pipeline.cache.peek(partition, card_id)
-        latest = latest_features(state) if state is not None else None
-        if state is None or latest is None:
-            return self.notfound(f"no state for card {card_id!r}")
-        event_id, features = latest
-        return self.json({
-            "card_id": card_id,
-            "partition": partition,
-            "event_id": event_id,
-            "features": dict(zip(DEFAULT_SPEC.names, features, strict=True)),
-            "watermark": pipeline.cache.watermark(partition).value,
-            "events_in_state": len(state["ts"]),
-            "served_by": str(app.conf.canonical_url),
-        })
-
+__all__ = ["PEER_TIMEOUT_S", "register"]
 
 PEER_TIMEOUT_S = 2.0
 
 
-def _own_assignment() -> dict[str, Any]:
-    assignor = app.assignor
-    actives: dict[str, list[int]] = {}
-    standbys: dict[str, list[int]] = {}
-    for tp in assignor.assigned_actives():
-        actives.setdefault(tp.topic, []).append(tp.partition)
-    # Faust's assignment also names standbys of the input topic; only changelog standbys are read.
-    changelogs = app.tables.changelog_topics
-    for tp in assignor.assigned_standbys():
-        if tp.topic in changelogs:
-            standbys.setdefault(tp.topic, []).append(tp.partition)
-    return local_view(str(app.conf.canonical_url), app.consumer_generation_id, actives, standbys)
+def register(app: faust.App, settings: Settings, scoring: ScoringService, tables: StateTables) -> None:
+    """Serve seam's pages on ``app``'s web server: /model/, /ready/, /batcher/, /metrics, /features/, /cluster/."""
+
+    @app.page("/model/")
+    class ModelView(View):
+        """The model this worker serves, the provider it really runs on, and the boundary's counters."""
+
+        async def get(self, request: Request) -> Response:
+            runtime, boundary = scoring.runtime, scoring.boundary
+            if runtime is None or boundary is None:
+                return self.json({"status": "loading"}, status=503)
+            info = runtime.info
+            return self.json({
+                "model": info.tag,
+                "path": info.path,
+                "provider": info.provider,
+                "feature_names": list(info.feature_names),
+                "max_batch_size": settings.max_batch_size,
+                "max_wait_ms": settings.max_wait_ms,
+                "max_inflight_batches": settings.max_inflight_batches,
+                "waiting": boundary.waiting,
+                "stats": boundary.stats.as_dict(),
+            })
 
 
-async def _peer_view(url: str) -> dict[str, Any] | str:
-    """A member's own assignment (``?scope=local``), or why it could not be had."""
-    try:
-        async with app.http_client.get(f"{url.rstrip('/')}/cluster/", params={"scope": "local"},
-                                       timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as response:
-            if response.status != 200:
-                return f"HTTP {response.status}"
-            view: dict[str, Any] = await response.json()
-            return view
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return f"unreachable: {exc!r}"
+    @app.page("/ready/")
+    class ReadyView(View):
+        """200 once this worker has partitions, has restored their state and has its model loaded."""
+
+        async def get(self, request: Request) -> Response:
+            assignment = app.consumer.assignment() if scoring.pipeline is not None else set()
+            inputs = sorted(tp.partition for tp in assignment if tp.topic == settings.input_topic)
+            ready = bool(inputs) and not app.rebalancing and not restoring(app)
+            return self.json({"ready": ready, "input_partitions": inputs}, status=200 if ready else 503)
 
 
-@app.page("/cluster/")
-class ClusterView(View):
-    """The workers this one knows and the partitions each owns, active and standby."""
+    @app.page("/batcher/")
+    class BatcherView(View):
+        """The boundary's live settings, its adaptive estimates and recent batch statistics."""
 
-    async def get(self, request: Request) -> Response:
-        own = _own_assignment()
-        if request.query.get("scope") == "local":
-            return self.json(own)
+        async def get(self, request: Request) -> Response:
+            boundary = scoring.boundary
+            if boundary is None:
+                return self.json({"status": "loading"}, status=503)
+            batcher = boundary.batcher
+            a_s, b_s = batcher.latency.coefficients()
+            return self.json({
+                "max_batch_size": batcher.max_batch_size,
+                "max_wait_ms": batcher.max_wait_s * 1000,
+                "sla_ms": None if batcher.sla_s is None else batcher.sla_s * 1000,
+                "max_inflight_batches": settings.max_inflight_batches,
+                "adaptive": batcher.adaptive,
+                "target_batch_size": batcher.target_size(),
+                "arrival_rate_per_s": batcher.rate.rate(),
+                "inference_ms_model": {"per_call": a_s * 1000, "per_row": b_s * 1000},
+                "waiting": boundary.waiting,
+                "stats": boundary.stats.as_dict(),
+            })
+
+
+    @app.page("/metrics")
+    class MetricsView(View):
+        """Prometheus metrics of this worker."""
+
+        async def get(self, request: Request) -> Response:
+            # aiohttp refuses a charset inside content_type; the exposition format is ASCII anyway.
+            content_type = CONTENT_TYPE_LATEST.split("; charset")[0]
+            return self.bytes(generate_latest(scoring.metrics.registry), content_type=content_type)
+
+
+    def card_partition(card_id: str) -> int:
+        """The input partition of a card keyed by its id (Kafka's default partitioner, as Faust routes)."""
+        return (murmur2(card_id.encode()) & 0x7FFFFFFF) % settings.topic_partitions
+
+
+    @app.page("/features/{card_id}/")
+    class CardFeaturesView(View):
+        """A card's features as of its latest applied event and its partition's watermark (owner answers)."""
+
+        @app.table_route(table=tables.card_state, match_info="card_id")  # type: ignore[arg-type]
+        async def get(self, request: Request, card_id: str) -> Response:
+            pipeline = scoring.pipeline
+            if pipeline is None:
+                return self.json({"status": "loading"}, status=503)
+            partition = card_partition(card_id)
+            state = pipeline.cache.peek(partition, card_id)
+            latest = latest_features(state) if state is not None else None
+            if state is None or latest is None:
+                return self.notfound(f"no state for card {card_id!r}")
+            event_id, features = latest
+            return self.json({
+                "card_id": card_id,
+                "partition": partition,
+                "event_id": event_id,
+                "features": dict(zip(DEFAULT_SPEC.names, features, strict=True)),
+                "watermark": pipeline.cache.watermark(partition).value,
+                "events_in_state": len(state["ts"]),
+                "served_by": str(app.conf.canonical_url),
+            })
+
+
+
+    def _own_assignment() -> dict[str, Any]:
         assignor = app.assignor
-        changelogs = assignor.changelog_distribution  # type: ignore[attr-defined]
-        external = assignor.external_topic_distribution  # type: ignore[attr-defined]
-        peers = sorted((set(changelogs) | set(external)) - {own["url"]})
-        answers = await asyncio.gather(*(_peer_view(url) for url in peers))
-        return self.json(describe_cluster(
-            self_url=own["url"], generation=own["generation"], input_topic=settings.input_topic,
-            input_partitions=settings.topic_partitions, changelog_distribution=changelogs,
-            external_distribution=external, peer_views={own["url"]: own, **dict(zip(peers, answers, strict=True))},
-        ) | {"standby_replicas": app.conf.table_standby_replicas})
+        actives: dict[str, list[int]] = {}
+        standbys: dict[str, list[int]] = {}
+        for tp in assignor.assigned_actives():
+            actives.setdefault(tp.topic, []).append(tp.partition)
+        # Faust's assignment also names standbys of the input topic; only changelog standbys are read.
+        changelogs = app.tables.changelog_topics
+        for tp in assignor.assigned_standbys():
+            if tp.topic in changelogs:
+                standbys.setdefault(tp.topic, []).append(tp.partition)
+        return local_view(str(app.conf.canonical_url), app.consumer_generation_id, actives, standbys)
+
+
+    async def _peer_view(url: str) -> dict[str, Any] | str:
+        """A member's own assignment (``?scope=local``), or why it could not be had."""
+        try:
+            async with app.http_client.get(f"{url.rstrip('/')}/cluster/", params={"scope": "local"},
+                                           timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as response:
+                if response.status != 200:
+                    return f"HTTP {response.status}"
+                view: dict[str, Any] = await response.json()
+                return view
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return f"unreachable: {exc!r}"
+
+
+    @app.page("/cluster/")
+    class ClusterView(View):
+        """The workers this one knows and the partitions each owns, active and standby."""
+
+        async def get(self, request: Request) -> Response:
+            own = _own_assignment()
+            if request.query.get("scope") == "local":
+                return self.json(own)
+            assignor = app.assignor
+            changelogs, external = group_distribution(assignor)
+            peers = sorted((set(changelogs) | set(external)) - {own["url"]})
+            answers = await asyncio.gather(*(_peer_view(url) for url in peers))
+            return self.json(describe_cluster(
+                self_url=own["url"], generation=own["generation"], input_topic=settings.input_topic,
+                input_partitions=settings.topic_partitions, changelog_distribution=changelogs,
+                external_distribution=external, peer_views={own["url"]: own, **dict(zip(peers, answers, strict=True))},
+            ) | {"standby_replicas": app.conf.table_standby_replicas})

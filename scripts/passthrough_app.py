@@ -58,9 +58,9 @@ async def send(key: bytes | None, value: bytes) -> Any:
 in_flight: set[asyncio.Future[Any]] = set()
 
 if MODE == "batch":
-    ingest.install(app)
+    ingestion = ingest.install(app)
 
-    @ingest.before_revoke
+    @ingestion.before_revoke
     async def deliver_in_flight() -> None:
         if REVOKE_DELAY_S:
             logger.warning("revoke hook holding for %.1f s", REVOKE_DELAY_S)
@@ -68,7 +68,7 @@ if MODE == "batch":
         if in_flight:
             await asyncio.wait(list(in_flight))
 
-    @ingest.batch_agent(app, input_topic)
+    @ingestion.batch_agent(app, input_topic)
     async def passthrough_batches(batch: ingest.RecordBatch) -> None:
         if batch.partition == 0 and any(r.offset == FAIL_OFFSET for r in batch.records):
             raise RuntimeError(f"PT_FAIL_OFFSET {FAIL_OFFSET} reached")

@@ -25,6 +25,15 @@ import rocksdict
 from aiokafka import AIOKafkaProducer
 from faust.types import TP
 
+from app.faust_compat import (
+    encode_key,
+    encode_value,
+    persist_changelog_offset,
+    rocksdb_partition,
+    store_writes,
+    uses_rocksdict,
+)
+
 __all__ = ["ChangelogProducer", "ChangelogWriter", "SendMany", "Write", "encode", "persist_offsets", "store"]
 
 # (table, partition, encoded key, encoded value)
@@ -38,10 +47,10 @@ def encode(table: Any, partition: int, key: Any, value: Any) -> Write:
     """A table write encoded by the table's own store (the bytes its changelog and RocksDB hold)."""
     store = table.data
     # Raw tables (bytes keys or values) store what they are given: skip Faust's serializer layers.
-    raw_key = key if table.key_type is bytes and isinstance(key, bytes) else store._encode_key(key)
+    raw_key = key if table.key_type is bytes and isinstance(key, bytes) else encode_key(store, key)
     if value is None or (table.value_type is bytes and isinstance(value, bytes)):
         return table, partition, raw_key, value
-    return table, partition, raw_key, store._encode_value(value)
+    return table, partition, raw_key, encode_value(store, value)
 
 
 def store(writes: Iterable[Write], scope: Scope) -> None:
@@ -55,21 +64,17 @@ def store(writes: Iterable[Write], scope: Scope) -> None:
         groups.setdefault((write[0], write[1]), []).append(write)
     for (table, partition), group in groups.items():
         data = table.data
-        if getattr(data, "use_rocksdict", False):
+        if uses_rocksdict(data):
             batch = rocksdict.WriteBatch(raw_mode=True)
             for _table, _partition, key, value in group:
                 if value is None:
                     batch.delete(key)
                 else:
                     batch.put(key, value)
-            data._db_for_partition(partition).write(batch)
+            rocksdb_partition(data, partition).write(batch)
             continue
         with scope(partition):
-            for _table, _partition, key, value in group:
-                if value is None:
-                    data._del(key)
-                else:
-                    data._set(key, value)
+            store_writes(data, [(key, value) for _table, _partition, key, value in group])
 
 
 def persist_offsets(writes: Iterable[Write], offsets: Iterable[int], *, offset_step: int = 0) -> None:
@@ -82,7 +87,8 @@ def persist_offsets(writes: Iterable[Write], offsets: Iterable[int], *, offset_s
     for (table, partition, _key, _value), offset in zip(writes, offsets, strict=True):
         last[(table, partition)] = max(last.get((table, partition), -1), offset)
     for (table, partition), offset in last.items():
-        table.data.set_persisted_offset(TP(table.changelog_topic.get_topic_name(), partition), offset + offset_step)
+        persist_changelog_offset(table.data, TP(table.changelog_topic.get_topic_name(), partition),
+                                 offset + offset_step)
 
 
 class ChangelogWriter:

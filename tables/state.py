@@ -9,70 +9,73 @@ Faust event, or ``agents.ingest.table_partition``).
 
 from __future__ import annotations
 
-from app.main import app, settings
+from typing import Any
+
+import faust
+
+from app.settings import Settings
 from tables.card_store import Stored, changes, decode
 from tables.features import CardState
 
-__all__ = ["card_state", "load_state", "load_watermark", "store_state", "store_watermark", "watermarks"]
+__all__ = ["WATERMARK_KEY", "StateTables"]
 
 MIB = 1024 * 1024
-# Faust's RocksDB defaults give every partition's database a 2 GiB block cache and three 64 MiB
-# memtables, so a worker's memory would grow with the state it has read back, far past the state
-# cache's bound. Each card-state partition gets SEAM_STATE_DB_MEMORY_MB: half block cache, half
-# write buffers (two of a quarter each); the watermarks' databases hold one key each.
-_STATE_DB = {
-    "block_cache_size": settings.state_db_memory_mb * MIB // 2,
-    "write_buffer_size": settings.state_db_memory_mb * MIB // 4,
-    "max_write_buffer_number": 2,
-}
-_WATERMARK_DB = {"block_cache_size": MIB, "write_buffer_size": MIB, "max_write_buffer_number": 2}
-
-# Keys: a card id (UTF-8) for the card's header, and card id + NUL + bucket for each minute of its
-# events; values: JSON (see tables.card_store), raw bytes in the store and the changelog.
-card_state = app.Table(
-    "card-state",
-    partitions=settings.topic_partitions,
-    key_type=bytes,
-    value_type=bytes,
-    options=dict(_STATE_DB),
-    help="Per-card event-time state for the feature spec: a header and one record per minute of events.",
-)
-
-# One key per partition: the highest event time seen on it (the watermark is that minus lateness).
-watermarks = app.Table(
-    "watermarks",
-    partitions=settings.topic_partitions,
-    key_type=bytes,
-    options=dict(_WATERMARK_DB),
-    help="Highest event time seen per input partition.",
-)
+# One key per partition of the watermarks table: the highest event time seen on it.
 WATERMARK_KEY = b"max_ts"
 
 
-def load_state(card_id: str) -> tuple[CardState, Stored] | None:
-    """Read one card's state and what the table holds of it (None if the card is unknown)."""
-    key = card_id.encode()
-    header: bytes | None = card_state.get(key)
-    return None if header is None else decode(header, card_state.get, key)
+class StateTables:
+    """The ``card-state`` and ``watermarks`` tables of one app, and how a card's state is read and written."""
 
+    def __init__(self, app: faust.App, settings: Settings) -> None:
+        # Faust's RocksDB defaults give every partition's database a 2 GiB block cache and three 64 MiB
+        # memtables, so a worker's memory would grow with the state it has read back, far past the
+        # state cache's bound. Each card-state partition gets SEAM_STATE_DB_MEMORY_MB: half block
+        # cache, half write buffers (two of a quarter each); the watermarks' databases hold one key each.
+        state_db = {
+            "block_cache_size": settings.state_db_memory_mb * MIB // 2,
+            "write_buffer_size": settings.state_db_memory_mb * MIB // 4,
+            "max_write_buffer_number": 2,
+        }
+        # Keys: a card id (UTF-8) for the card's header, and card id + NUL + chunk for each sealed
+        # chunk of its events; values: JSON (see tables.card_store), raw bytes in store and changelog.
+        self.card_state: Any = app.Table(
+            "card-state",
+            partitions=settings.topic_partitions,
+            key_type=bytes,
+            value_type=bytes,
+            options=state_db,
+            help="Per-card event-time state for the feature spec: a header with the newest events, and chunks.",
+        )
+        self.watermarks: Any = app.Table(
+            "watermarks",
+            partitions=settings.topic_partitions,
+            key_type=bytes,
+            options={"block_cache_size": MIB, "write_buffer_size": MIB, "max_write_buffer_number": 2},
+            help="Highest event time seen per input partition.",
+        )
 
-def store_state(card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
-    """Write what changed in one card's state since ``stored`` (Faust table writes); return the records."""
-    writes = changes(card_id.encode(), state, stored, touched)
-    for key, value in writes:
-        if value is None:
-            card_state.pop(key, None)
-        else:
-            card_state[key] = value
-    return len(writes)
+    def load_state(self, card_id: str) -> tuple[CardState, Stored] | None:
+        """Read one card's state and what the table holds of it (None if the card is unknown)."""
+        key = card_id.encode()
+        header: bytes | None = self.card_state.get(key)
+        return None if header is None else decode(header, self.card_state.get, key)
 
+    def store_state(self, card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
+        """Write what changed in one card's state since ``stored`` (Faust table writes); return the records."""
+        writes = changes(card_id.encode(), state, stored, touched)
+        for key, value in writes:
+            if value is None:
+                self.card_state.pop(key, None)
+            else:
+                self.card_state[key] = value
+        return len(writes)
 
-def load_watermark() -> int | None:
-    """Read the current partition's highest event time."""
-    max_ts: int | None = watermarks.get(WATERMARK_KEY)
-    return max_ts
+    def load_watermark(self) -> int | None:
+        """Read the current partition's highest event time."""
+        max_ts: int | None = self.watermarks.get(WATERMARK_KEY)
+        return max_ts
 
-
-def store_watermark(max_ts: int) -> None:
-    """Write the current partition's highest event time."""
-    watermarks[WATERMARK_KEY] = max_ts
+    def store_watermark(self, max_ts: int) -> None:
+        """Write the current partition's highest event time."""
+        self.watermarks[WATERMARK_KEY] = max_ts

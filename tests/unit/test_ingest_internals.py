@@ -147,7 +147,8 @@ def test_exactly_once_internals_keep_their_shape() -> None:
         assert f"self._{name} = {name}" in inspect.getsource(AIOKafkaConsumer.__init__), name
         assert f"{name}=self._{name}" in inspect.getsource(AIOKafkaConsumer.start), name
     for name, params in [("_encode_key", ["self", "key"]), ("_encode_value", ["self", "value"]),
-                         ("_set", ["self", "key", "value"]), ("set_persisted_offset", ["self", "tp", "offset"]),
+                         ("_set", ["self", "key", "value"]), ("_del", ["self", "key"]),
+                         ("set_persisted_offset", ["self", "tp", "offset"]),
                          ("_db_for_partition", ["self", "partition"])]:
         assert list(inspect.signature(getattr(RocksStore, name)).parameters) == params, name
     # tables.changelog writes rocksdict WriteBatches to the stores that say they use rocksdict.
@@ -209,7 +210,7 @@ async def test_revocation_closes_intake_before_it_delivers_and_commits(
         hook_started.set()
         await hook_may_end.wait()
 
-    monkeypatch.setattr(ingest, "_revoke_hooks", [deliver_in_flight])
+    monkeypatch.setattr(consumer.ingestion, "revoke_hooks", [deliver_in_flight])
     await consumer._deliver_batch(tp, _records(tp, 0, 10), handler)
     revoking = asyncio.ensure_future(consumer.on_partitions_revoked({tp}))
     await hook_started.wait()
@@ -232,7 +233,7 @@ async def test_a_revocation_waits_for_the_batch_being_handled(
         await release.wait()
         batch.ack([r.offset for r in batch.records])
 
-    monkeypatch.setattr(ingest, "_revoke_hooks", [])
+    monkeypatch.setattr(consumer.ingestion, "revoke_hooks", [])
     handling = asyncio.ensure_future(consumer._deliver_batch(tp, _records(tp, 0, 5), slow_handler))
     await asyncio.sleep(0)
     revoking = asyncio.ensure_future(consumer.on_partitions_revoked({tp}))
@@ -274,7 +275,6 @@ async def test_an_assignment_is_prepared_before_faust_restores_and_seeks(monkeyp
         order.append("faust: restore, then seek")
 
     app = faust.App(f"ingest-assign-{id(object())}", broker="kafka://127.0.0.1:1", store="memory://")
-    monkeypatch.setattr(ingest, "_assignment_preparer", None)
     ingest.install(app, prepare_assignment=prepare)
     monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_assigned", faust_assigned)
     assigning = asyncio.ensure_future(app.consumer.on_partitions_assigned({TP("t", 1), TP("t", 0)}))
@@ -283,7 +283,6 @@ async def test_an_assignment_is_prepared_before_faust_restores_and_seeks(monkeyp
     may_finish.set()
     await assigning
     assert order == ["prepare [0, 1]", "faust: restore, then seek"]
-    ingest.install(app)  # the module-level hook back to none for the other tests
 
 
 async def test_fetched_records_count_as_in_hand_until_the_drain_loop_has_passed_them_on(
@@ -321,3 +320,21 @@ async def test_fetched_records_count_as_in_hand_until_the_drain_loop_has_passed_
     fetcher._stopped.set()
     draining.cancel()
     await asyncio.wait([draining])
+
+
+def test_recovery_producer_and_assignor_names_of_the_compat_module_exist() -> None:
+    """What app.faust_compat reads of Faust's restore, producer buffer and assignor."""
+    from faust.assignor.partition_assignor import PartitionAssignor
+    from faust.tables.manager import TableManager
+    from faust.tables.recovery import Recovery
+    from faust.transport.producer import ProducerBuffer
+
+    init = inspect.getsource(Recovery.__init__)
+    for name in ("active_highwaters", "active_offsets"):
+        assert f"self.{name}" in init, name
+    assert "in_recovery" in inspect.getsource(Recovery)
+    assert isinstance(inspect.getattr_static(TableManager, "changelog_queue"), property)
+    for name in ("size", "flush"):
+        assert hasattr(ProducerBuffer, name), name
+    for name in ("changelog_distribution", "external_topic_distribution"):
+        assert hasattr(PartitionAssignor, name), name

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -232,3 +235,26 @@ def test_processing_guarantee_defaults_to_at_least_once_and_accepts_exactly_once
 def test_exactly_once_needs_batch_ingestion() -> None:
     with pytest.raises(SettingsError, match="SEAM_INGEST=batch"):
         Settings.from_env({"SEAM_PROCESSING_GUARANTEE": "exactly_once", "SEAM_INGEST": "stream"})
+
+
+def _seam(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_")} | env
+    return subprocess.run([sys.executable, "-m", "app", *args], env=clean, capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_importing_seam_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Modules build nothing at import: a bad variable matters only to the command that reads it."""
+    monkeypatch.setenv("SEAM_NOT_A_SETTING", "1")
+    import importlib
+
+    for name in ("app.main", "app.views", "app.cli", "agents.score", "tables.state"):
+        importlib.import_module(name)
+
+
+def test_help_works_with_a_bad_variable_and_the_worker_names_it() -> None:
+    helped = _seam("--help", SEAM_NOT_A_SETTING="1")
+    assert helped.returncode == 0 and "worker" in helped.stdout, helped.stderr
+    refused = _seam("worker", SEAM_MAX_BATCH_SIZE="many")
+    assert refused.returncode != 0
+    assert "SEAM_MAX_BATCH_SIZE='many'" in refused.stderr, refused.stderr

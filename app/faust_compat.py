@@ -1,0 +1,128 @@
+"""Every faust-streaming, mode and aiokafka name seam uses that is private or undocumented, in one place.
+
+Tested with faust-streaming 0.15.3 and aiokafka 0.14.0 (pinned in pyproject.toml);
+``tests/unit/test_ingest_internals.py`` fails loudly if any of them changes shape. Elsewhere seam
+uses these only through this module, except :class:`agents.ingest.BatchConsumer`, which subclasses
+Faust's aiokafka consumer and therefore works on its base class's own state:
+
+* ``faust.transport.drivers.aiokafka.Consumer`` (subclassed; ``on_partitions_revoked`` and
+  ``on_partitions_assigned`` extended), ``Transport`` and its ``Consumer`` slot,
+  ``AIOKafkaConsumerThread``;
+* ``Consumer._drain_messages`` (replaced), ``_wait_next_records``, ``_read_offset``, ``_add_gap``,
+  ``_acked``, ``_acked_index``, ``_committed_offset``, ``_n_acked``, ``_commit_every``,
+  ``_buffered_partitions``, ``_to_message``, ``perform_seek``, ``flow_active``, ``suspend_flow``,
+  ``_filter_committable_offsets``, ``_filter_tps_with_pending_acks``, ``_new_consumer_thread``,
+  ``_new_offset``, ``_stopped`` (all used by the subclass).
+
+And here:
+
+* ``faust.streams._current_event``, the ContextVar behind ``faust.current_event()``: table reads and
+  writes go to the partition of the event it names;
+* ``faust.transport.consumer.ack_lock``;
+* ``AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's ``AIOKafkaConsumer._isolation_level``,
+  ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``, read by ``start()``;
+* the RocksDB store's ``_encode_key``, ``_encode_value``, ``_set``, ``_del``, ``_db_for_partition``,
+  ``use_rocksdict`` and ``set_persisted_offset``;
+* ``Recovery.in_recovery``, ``active_highwaters``, ``active_offsets`` and ``TableManager.changelog_queue``;
+* the Faust producer's ``buffer`` (``size``, ``state``, ``flush()``);
+* the assignor's ``changelog_distribution`` and ``external_topic_distribution``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, MutableMapping
+from typing import Any
+
+from faust.streams import _current_event
+from faust.transport.consumer import ack_lock
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+__all__ = [
+    "AIOKafkaConsumerThread", "FaustConsumer", "FaustTransport", "ack_lock", "current_event", "drain_producer_buffer",
+    "encode_key", "encode_value", "group_distribution", "persist_changelog_offset", "restore_state", "restoring",
+    "rocksdb_partition", "store_writes", "tune_fetch", "uses_rocksdict",
+]
+
+FaustConsumer = faust_aiokafka.Consumer
+FaustTransport = faust_aiokafka.Transport
+AIOKafkaConsumerThread = faust_aiokafka.AIOKafkaConsumerThread
+current_event = _current_event
+
+
+def tune_fetch(consumer: Any, *, min_bytes: int, max_wait_ms: int, read_committed: bool) -> None:
+    """Set an aiokafka consumer's fetch options (and isolation level) before it starts."""
+    consumer._fetch_min_bytes = min_bytes
+    consumer._fetch_max_wait_ms = max_wait_ms
+    if read_committed:
+        consumer._isolation_level = "read_committed"
+
+
+# Stores.
+
+def encode_key(store: Any, key: Any) -> bytes:
+    """A table key as the table's store writes it to RocksDB and its changelog."""
+    encoded: bytes = store._encode_key(key)
+    return encoded
+
+
+def encode_value(store: Any, value: Any) -> bytes:
+    """A table value as the table's store writes it to RocksDB and its changelog."""
+    encoded: bytes = store._encode_value(value)
+    return encoded
+
+
+def uses_rocksdict(store: Any) -> bool:
+    """Whether ``store`` is a RocksDB store on rocksdict (its partitions take rocksdict write batches)."""
+    return bool(getattr(store, "use_rocksdict", False))
+
+
+def rocksdb_partition(store: Any, partition: int) -> Any:
+    """The rocksdict database of one partition of a RocksDB store."""
+    return store._db_for_partition(partition)
+
+
+def persist_changelog_offset(store: Any, tp: TP, offset: int) -> None:
+    """Record the changelog offset a store has applied up to (where its next restore starts)."""
+    store.set_persisted_offset(tp, offset)
+
+
+# Recovery, producer, assignor.
+
+def restore_state(app: Any) -> tuple[bool, Mapping[Any, int | None], MutableMapping[Any, int], bool]:
+    """Faust's restore: (restoring now, end offset to reach per active changelog partition, offset
+    received per partition (writable: marking it ends that partition's restore), changelog queue empty)."""
+    recovery = app.tables.recovery
+    return (bool(recovery.in_recovery), recovery.active_highwaters, recovery.active_offsets,
+            bool(app.tables.changelog_queue.empty()))
+
+
+def restoring(app: Any) -> bool:
+    """Whether the app is restoring tables from their changelogs right now."""
+    return bool(app.tables.recovery.in_recovery)
+
+
+async def drain_producer_buffer(app: Any, on_stopping: Any) -> None:
+    """Send everything in the Faust producer's buffer; call ``on_stopping(size)`` (it raises) if it stopped.
+
+    The buffer's own flush gives up after 0.1 s without progress: this waits until it is empty.
+    """
+    buffer = app.producer.buffer
+    while buffer.size:
+        if buffer.state != "running":
+            on_stopping(buffer.size)
+        await buffer.flush()
+
+
+def group_distribution(assignor: Any) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The group's assignment as each member's URL → (changelog partitions, other topics' partitions)."""
+    return assignor.changelog_distribution, assignor.external_topic_distribution
+
+
+def store_writes(store: Any, writes: Iterable[tuple[bytes, bytes | None]]) -> None:
+    """Apply encoded writes (``None``: delete) to the store of the current partition."""
+    for key, value in writes:
+        if value is None:
+            store._del(key)
+        else:
+            store._set(key, value)
