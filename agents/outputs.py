@@ -45,9 +45,15 @@ class OutputProducer:
 
     MAX_CACHED_KEYS = 200_000
 
-    def __init__(self, bootstrap: str, *, max_batch_size: int = 256 * 1024, linger_ms: int = 0) -> None:
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                          max_batch_size=max_batch_size, linger_ms=linger_ms)
+    def __init__(self, bootstrap: str | None = None, *, producer: AIOKafkaProducer | None = None,
+                 max_batch_size: int = 256 * 1024, linger_ms: int = 0) -> None:
+        """A producer of its own on ``bootstrap``, or batches on ``producer`` (a transactional one, whose
+        owner starts, stops and commits it)."""
+        self._owned = producer is None
+        if producer is None:
+            producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                                        max_batch_size=max_batch_size, linger_ms=linger_ms)
+        self._producer = producer
         self._partitions: dict[str, _PartitionCache] = {}
         self._open: dict[tuple[str, int], _OpenBatch] = {}
         self._closed: list[_OpenBatch] = []
@@ -59,12 +65,17 @@ class OutputProducer:
         """Connect to the cluster."""
         await self._producer.start()
 
-    async def stop(self) -> None:
-        """Send what is open, wait for it, and disconnect."""
+    async def flush(self) -> None:
+        """Hand every open batch to the producer now (its delivery futures settle when it is acknowledged)."""
         self._schedule_now()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._producer.stop()
+
+    async def stop(self) -> None:
+        """Send what is open, wait for it, and disconnect (a producer of its own)."""
+        await self.flush()
+        if self._owned:
+            await self._producer.stop()
 
     async def send(self, batch: RecordBatch | None, topic: str, key: bytes | None, value: bytes) -> asyncio.Future[Any]:
         """Add one record to its partition's open batch; return that batch's delivery future."""

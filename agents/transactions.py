@@ -46,6 +46,7 @@ from aiokafka.structs import OffsetAndMetadata
 from faust.types import TP
 
 from agents.ingest import RecordBatch, table_partition
+from agents.outputs import OutputProducer
 from app.faust_compat import restore_state
 from tables.changelog import Write, encode, persist_offsets, store
 
@@ -57,6 +58,7 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Partition:
     producer: AIOKafkaProducer
+    outputs: OutputProducer  # the producer's outputs, batched per topic partition and event-loop turn
     in_transaction: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -136,7 +138,7 @@ class TransactionalOutputs:
             bootstrap_servers=self._bootstrap, transactional_id=self.transactional_id(partition),
             enable_idempotence=True, acks="all", **self._producer_options)
         await producer.start()
-        state = self._partitions[partition] = _Partition(producer)
+        state = self._partitions[partition] = _Partition(producer, OutputProducer(producer=producer))
         return state
 
     async def _begun(self, partition: int) -> _Partition:
@@ -157,8 +159,7 @@ class TransactionalOutputs:
             done.set_result(None)
             return done
         state = await self._begun(batch.partition)
-        delivery: Awaitable[Any] = await state.producer.send(topic, value, key=key)
-        return delivery
+        return await state.outputs.send(batch, topic, key, value)
 
     def stage(self, table: Any, partition: int, key: Any, value: Any) -> None:
         """Queue a table write of ``partition`` for its next transaction (written locally after it commits)."""
@@ -198,6 +199,7 @@ class TransactionalOutputs:
         state = await self._begun(partition)
         deliveries = [await state.producer.send(table.changelog_topic.get_topic_name(), value, key=key,
                                                 partition=partition) for table, _p, key, value in staged]
+        await state.outputs.flush()
         await state.producer.flush()  # every output and changelog record of the transaction is acknowledged
         offsets = [delivery.result().offset for delivery in deliveries]
         if offset is not None:

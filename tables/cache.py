@@ -66,7 +66,7 @@ class StateCache:
         self._flushed_epoch = 0  # changes stamped below this are written
         self.flushes = 0
         self.writes = 0
-        self.last_events_held = 0  # as of the last trim
+        self.last_events_held = 0  # events in the cached states as of their last write (or load)
 
     def card(self, partition: int, card_id: str) -> CardState:
         """The card's state (from the cache, else the table, else new); mark it changed with touch()."""
@@ -78,6 +78,7 @@ class StateCache:
             with self._scope(partition):
                 loaded = self._load_card(card_id)
             state, stored = loaded if loaded is not None else (new_state(), Stored())
+            self.last_events_held += stored.held
             if state["ts"]:
                 self._raise_watermark(partition, state["ts"][-1])
             cards[card_id] = state
@@ -175,7 +176,10 @@ class StateCache:
             for card_id, touched in cards:
                 state = cached.get(card_id)
                 if state is not None:
-                    writes += self._store_card(card_id, state, stored[card_id], touched)
+                    card = stored[card_id]
+                    held = card.held
+                    writes += self._store_card(card_id, state, card, touched)
+                    self.last_events_held += card.held - held
         return writes
 
     def _write_watermarks(self, watermarks: list[tuple[int, int]]) -> int:
@@ -202,19 +206,19 @@ class StateCache:
         states; a dropped state is read back from the table when its card comes again.
         """
         cards = sum(len(c) for c in self._cards.values())
-        events = self.last_events_held = self.events_held()
+        events = self.last_events_held  # counted as states are loaded, written and dropped: no walk over all
         if cards <= self._max_clean_cards and events <= self._max_clean_events:
             return
         card_goal, event_goal = self._max_clean_cards * 3 // 4, self._max_clean_events * 3 // 4
         for partition, cached in self._cards.items():
             dirty, stored = self._dirty.get(partition, {}), self._stored.get(partition, {})
             victims = []
-            for card_id, state in cached.items():
+            for card_id in cached:
                 if cards <= card_goal and events <= event_goal:
                     break
-                if card_id not in dirty:
+                if card_id not in dirty:  # clean: it holds what was last written (or loaded)
                     victims.append(card_id)
-                    events -= events_held(state)
+                    events -= stored[card_id].held
                     cards -= 1
             for card_id in victims:
                 del cached[card_id]
@@ -224,7 +228,7 @@ class StateCache:
                 return
 
     def events_held(self) -> int:
-        """Events held in all cached card states (what the cache's memory grows with)."""
+        """Events held in all cached card states now (what the cache's memory grows with; walks them all)."""
         return sum(events_held(state) for cached in self._cards.values() for state in cached.values())
 
     def cached_cards(self) -> int:
@@ -239,6 +243,7 @@ class StateCache:
         self._watermarks.clear()
         self._dirty_watermarks.clear()
         self._deferred.clear()
+        self.last_events_held = 0
 
     def dirty_cards(self) -> int:
         """How many card states wait for the next flush."""

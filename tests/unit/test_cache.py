@@ -37,11 +37,14 @@ class Tables:
     def load_card(self, card_id: str) -> tuple[CardState, Stored] | None:
         self.log.append(("load_card", self.current, card_id))
         state = self.cards.get((self._partition(), card_id))
-        return None if state is None else (copy.deepcopy(state), Stored())  # like a RocksDB read: a fresh object
+        if state is None:
+            return None
+        return copy.deepcopy(state), Stored(n=state["n"], held=len(state["ts"]))  # like a RocksDB read: a fresh object
 
     def store_card(self, card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
         self.log.append(("store_card", self.current, card_id))
         self.cards[(self._partition(), card_id)] = copy.deepcopy(state)
+        stored.n, stored.held = state["n"], len(state["ts"])  # as tables.card_store.changes() records it
         return 1
 
     def load_watermark(self) -> int | None:
@@ -70,10 +73,11 @@ def tables() -> Tables:
 def make_cache(tables: Tables) -> Callable[..., StateCache]:
     """Factory: a StateCache over ``tables`` (keyword arguments override the defaults)."""
 
-    def make(max_clean_cards: int = 100_000) -> StateCache:
+    def make(max_clean_cards: int = 100_000, max_clean_events: int = 1_000_000) -> StateCache:
         return StateCache(load_card=tables.load_card, store_card=tables.store_card,
                           load_watermark=tables.load_watermark, store_watermark=tables.store_watermark,
-                          scope=tables.scope, allowed_lateness_ms=LATENESS_MS, max_clean_cards=max_clean_cards)
+                          scope=tables.scope, allowed_lateness_ms=LATENESS_MS, max_clean_cards=max_clean_cards,
+                          max_clean_events=max_clean_events)
 
     return make
 
@@ -364,6 +368,35 @@ def test_watermarks_survive_the_clean_cache_bound(tables: Tables, make_cache: Ca
     cache.flush()  # watermark not touched, so not stored: it must stay in memory
     assert cache.watermark(0) is watermark and watermark.max_ts == T
     assert tables.ops("load_watermark") == [(0, None)]
+
+
+def test_bounds_drop_least_recently_used_clean_states_and_events_are_counted_without_a_walk(
+        tables: Tables, make_cache: Callable[..., StateCache]) -> None:
+    for i in range(4):
+        tables.cards[(0, f"old{i}")] = stored_state(f"o{i}")
+    cache = make_cache(max_clean_cards=5)
+    for i in range(4):
+        cache.card(0, f"old{i}")  # loaded first
+    cache.card(0, "old0")  # used again: now more recent than old1..old3
+    for name in ("a", "b"):
+        state = cache.card(0, name)
+        for j in range(4):
+            apply(state, f"{name}{j}", T + j)
+            cache.touch(0, name, T + j)
+    cache.flush()  # 6 cards > 5: down to 3, least recently used first
+    assert set(cache._cards[0]) == {"old0", "a", "b"}
+    assert cache.last_events_held == cache.events_held() == 9
+
+    by_events = make_cache(max_clean_events=8)
+    for name in ("old1", "old2", "old3"):
+        by_events.card(0, name)
+    state = by_events.card(0, "new")
+    for j in range(6):
+        apply(state, f"n{j}", T + j)
+        by_events.touch(0, "new", T + j)
+    by_events.flush()  # 3 + 6 = 9 events > 8: down to 6
+    assert by_events.last_events_held == by_events.events_held() == 6
+    assert set(by_events._cards[0]) == {"new"}
 
 
 # --- counters ------------------------------------------------------------------------------------------------
