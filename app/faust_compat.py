@@ -21,8 +21,9 @@ And here:
 * ``faust.transport.consumer.ack_lock``;
 * ``AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's ``AIOKafkaConsumer._isolation_level``,
   ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``, read by ``start()``;
-* the RocksDB store's ``_encode_key``, ``_encode_value``, ``_set``, ``_del``, ``_db_for_partition``,
-  ``use_rocksdict`` and ``set_persisted_offset``;
+* the RocksDB store's ``_encode_key``, ``_encode_value``, ``_set``, ``_del``, ``_db_for_partition``
+  (also read directly: one read per key instead of Faust's two), ``use_rocksdict`` and
+  ``set_persisted_offset``;
 * ``Recovery.in_recovery``, ``active_highwaters``, ``active_offsets`` and ``TableManager.changelog_queue``;
 * the Faust producer's ``buffer`` (``size``, ``state``, ``flush()``);
 * the assignor's ``changelog_distribution`` and ``external_topic_distribution``.
@@ -33,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
+from faust import current_event as faust_current_event
 from faust.streams import _current_event
 from faust.transport.consumer import ack_lock
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -41,7 +43,7 @@ from faust.types import TP
 __all__ = [
     "AIOKafkaConsumerThread", "FaustConsumer", "FaustTransport", "ack_lock", "current_event", "drain_producer_buffer",
     "encode_key", "encode_value", "group_distribution", "persist_changelog_offset", "restore_state", "restoring",
-    "rocksdb_partition", "store_writes", "tune_fetch", "uses_rocksdict",
+    "raw_get", "rocksdb_partition", "store_writes", "tune_fetch", "uses_rocksdict",
 ]
 
 FaustConsumer = faust_aiokafka.Consumer
@@ -80,6 +82,20 @@ def uses_rocksdict(store: Any) -> bool:
 def rocksdb_partition(store: Any, partition: int) -> Any:
     """The rocksdict database of one partition of a RocksDB store."""
     return store._db_for_partition(partition)
+
+
+def raw_get(table: Any, key: bytes) -> bytes | None:
+    """A raw (bytes to bytes) table's value for ``key`` in the current partition, or None.
+
+    One RocksDB read: a Faust table's ``get`` checks that the key exists and then reads it (two).
+    """
+    store = table.data
+    event = faust_current_event()
+    if event is not None and uses_rocksdict(store):
+        value: bytes | None = rocksdb_partition(store, event.message.partition).get(key)
+        return value
+    found: bytes | None = table.get(key)
+    return found
 
 
 def persist_changelog_offset(store: Any, tp: TP, offset: int) -> None:

@@ -7,6 +7,7 @@ settings from the ``SEAM_*`` variables first.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 from typing import Any
@@ -16,9 +17,27 @@ import faust
 from app.settings import Settings, SettingsError
 from app.topics import declare_topics
 
-__all__ = ["create_app", "main"]
+__all__ = ["SeamApp", "create_app", "main"]
 
 _HELP = {"--help", "-h"}
+
+
+class SeamApp(faust.App):
+    """seam's Faust app: creates its topics when its worker starts, before the consumer subscribes.
+
+    Topics are not created on ``worker_init`` (Faust runs that for every command, ``--help`` too) but
+    when the app service first starts. Changelogs too: one created while the consumer runs is briefly
+    seen with 0 partitions, and a table write at that moment fails Faust's partition check.
+    """
+
+    def __init__(self, settings: Settings, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seam_settings = settings
+
+    async def on_first_start(self) -> None:
+        await super().on_first_start()
+        changelogs = [table.changelog_topic_name for table in self.tables.values()]
+        await asyncio.to_thread(declare_topics, self.seam_settings, changelogs)
 
 
 def create_app(settings: Settings) -> faust.App:
@@ -29,7 +48,8 @@ def create_app(settings: Settings) -> faust.App:
 
     # The app id names the consumer group and prefixes the changelog topics ("<id>-card-state-changelog");
     # changing it (or `version`) starts from empty state and the group's committed offsets are not reused.
-    app = faust.App(
+    app = SeamApp(
+        settings,
         settings.app_id,
         version=1,
         broker=settings.broker_url,
@@ -56,12 +76,6 @@ def create_app(settings: Settings) -> faust.App:
         autodiscover=False,
         table_standby_replicas=settings.standby_replicas,
     )
-
-    @app.on_worker_init.connect  # type: ignore[arg-type]
-    def _declare_topics(sender: faust.App, **kwargs: Any) -> None:
-        # Changelogs too: one created while the consumer runs is briefly seen with 0 partitions, and a
-        # table write at that moment fails Faust's partition check.
-        declare_topics(settings, [table.changelog_topic_name for table in app.tables.values()])
 
     tables = StateTables(app, settings)
     scoring = score.install(app, settings, tables)

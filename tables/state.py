@@ -13,6 +13,7 @@ from typing import Any
 
 import faust
 
+from app.faust_compat import raw_get
 from app.settings import Settings
 from tables.card_store import Stored, changes, decode
 from tables.features import CardState
@@ -58,8 +59,9 @@ class StateTables:
     def load_state(self, card_id: str) -> tuple[CardState, Stored] | None:
         """Read one card's state and what the table holds of it (None if the card is unknown)."""
         key = card_id.encode()
-        header: bytes | None = self.card_state.get(key)
-        return None if header is None else decode(header, self.card_state.get, key)
+        table = self.card_state
+        header = raw_get(table, key)
+        return None if header is None else decode(header, lambda k: raw_get(table, k), key)
 
     def store_state(self, card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
         """Write what changed in one card's state since ``stored`` (Faust table writes); return the records."""

@@ -383,9 +383,9 @@ def test_bounds_drop_least_recently_used_clean_states_and_events_are_counted_wit
         for j in range(4):
             apply(state, f"{name}{j}", T + j)
             cache.touch(0, name, T + j)
-    cache.flush()  # 6 cards > 5: down to 3, least recently used first
-    assert set(cache._cards[0]) == {"old0", "a", "b"}
-    assert cache.last_events_held == cache.events_held() == 9
+    cache.flush()  # 6 cards > 5: down to 4 (7/8), least recently used first
+    assert set(cache._cards[0]) == {"old3", "old0", "a", "b"}
+    assert cache.last_events_held == cache.events_held() == 10
 
     by_events = make_cache(max_clean_events=8)
     for name in ("old1", "old2", "old3"):
@@ -394,9 +394,9 @@ def test_bounds_drop_least_recently_used_clean_states_and_events_are_counted_wit
     for j in range(6):
         apply(state, f"n{j}", T + j)
         by_events.touch(0, "new", T + j)
-    by_events.flush()  # 3 + 6 = 9 events > 8: down to 6
-    assert by_events.last_events_held == by_events.events_held() == 6
-    assert set(by_events._cards[0]) == {"new"}
+    by_events.flush()  # 3 + 6 = 9 events > 8: down to 7
+    assert by_events.last_events_held == by_events.events_held() == 7
+    assert set(by_events._cards[0]) == {"old3", "new"}
 
 
 # --- counters ------------------------------------------------------------------------------------------------
