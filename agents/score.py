@@ -234,9 +234,7 @@ class ScoringService(Service):
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         if self.transactions is None:
-            return
-        # Usually opened already (fence_assigned, before the restore); opens what is not.
-        await self.transactions.open({tp.partition for tp in assigned if tp.topic == self.settings.input_topic})
+            return  # under exactly once the producers were opened and fenced before this (fence_assigned)
         watch = self._restore_watch
         if (watch is None or watch.done()) and not self.app.should_stop:
             # Started here, not as a service task: user services start only after the restore it ends.

@@ -96,10 +96,6 @@ class TransactionalOutputs:
         """The transactional id of an input partition's producer (the same on every worker)."""
         return f"{self._group_id}-{self._input_topic}-{partition}"
 
-    async def open(self, partitions: set[int]) -> None:
-        """Open (and fence older owners of) the producers of newly assigned partitions."""
-        await asyncio.gather(*(self._producer(p) for p in partitions))
-
     async def fence(self, partitions: set[int], timeout_s: float = 60.0) -> None:
         """Open the producers of ``partitions`` and wait until each holds its transactional id.
 
