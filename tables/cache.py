@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from itertools import groupby
-from operator import itemgetter
 from typing import TypeVar
 
 from tables.card_store import Stored, events_held
@@ -140,32 +138,33 @@ class StateCache:
     def flushing(self, *, trim: bool = True, cards_per_step: int = 64) -> Iterator[int]:
         """:meth:`flush` in steps: yields the writes so far after every ``cards_per_step`` cards.
 
-        The caller may let other work run between steps (the worker scores records meanwhile). What
-        is flushed is fixed when it starts: changes made during the steps belong to the next flush
-        (a card written meanwhile may already hold some of them, which is harmless: a redelivered
-        event that is in its card's state is scored again with the same features). The watermarks
-        written are those of that moment, so none is ahead of the cards written after it starts.
+        The caller may let other work run between steps (the worker scores records meanwhile). The
+        partitions flushed are those changed when it starts. A partition's cards changed by then are
+        written in steps; the last step also writes every card of that partition changed during the
+        steps, and then its watermark, in one go. So what is written of a partition holds every event
+        applied to it before that moment and nothing after it: after a crash, no restored card is
+        ahead of the others or of the watermark (a card loaded after a restart raises the watermark
+        to its newest event, which must not pass events of other cards that were not written yet).
+        Acknowledgements of changes made after the flush started still wait for the next flush.
         """
-        epoch, cards, watermarks = self._take_dirty()
+        epoch = self.epoch
+        self.epoch += 1  # changes from now on are acknowledged after the next flush
+        partitions = sorted(set(self._dirty) | self._dirty_watermarks)
         writes = 0
-        for partition, group in groupby(cards, key=itemgetter(0)):
-            for step in _chunks([(card_id, touched) for _, card_id, touched in group], cards_per_step):
-                writes += self._write(partition, step)
+        for partition in partitions:
+            pending = list(self._dirty.pop(partition, {}).items())
+            while len(pending) > cards_per_step:
+                writes += self._write(partition, pending[:cards_per_step])
+                pending = pending[cards_per_step:]
                 yield writes
-        writes += self._write_watermarks(watermarks)
+            last = dict(pending)
+            for card_id, touched in self._dirty.pop(partition, {}).items():
+                last.setdefault(card_id, set()).update(touched)
+            writes += self._write(partition, list(last.items()))
+            writes += self._write_watermark(partition)
+            yield writes
         self._flushed(epoch, writes, trim)
         yield writes
-
-    def _take_dirty(self) -> tuple[int, list[tuple[int, str, set[int]]], list[tuple[int, int]]]:
-        cards = [(partition, card_id, touched) for partition, dirty in self._dirty.items()
-                 for card_id, touched in dirty.items()]
-        watermarks = [(partition, w.max_ts) for partition in self._dirty_watermarks
-                      if (w := self._watermarks.get(partition)) is not None and w.max_ts is not None]
-        self._dirty = {}
-        self._dirty_watermarks = set()
-        epoch = self.epoch
-        self.epoch += 1  # changes from now on belong to the next flush
-        return epoch, cards, watermarks
 
     def _write(self, partition: int, cards: Sequence[tuple[str, set[int]]]) -> int:
         cached, stored = self._cards.get(partition), self._stored.get(partition)
@@ -182,11 +181,16 @@ class StateCache:
                     self.last_events_held += card.held - held
         return writes
 
-    def _write_watermarks(self, watermarks: list[tuple[int, int]]) -> int:
-        for partition, max_ts in watermarks:
-            with self._scope(partition):
-                self._store_watermark(max_ts)
-        return len(watermarks)
+    def _write_watermark(self, partition: int) -> int:
+        if partition not in self._dirty_watermarks:
+            return 0
+        self._dirty_watermarks.discard(partition)
+        watermark = self._watermarks.get(partition)
+        if watermark is None or watermark.max_ts is None:
+            return 0
+        with self._scope(partition):
+            self._store_watermark(watermark.max_ts)
+        return 1
 
     def _flushed(self, epoch: int, writes: int, trim: bool) -> None:
         self._flushed_epoch = epoch + 1

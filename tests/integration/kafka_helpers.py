@@ -63,7 +63,8 @@ class Worker(Subprocess):
             "SEAM_TOPIC_PARTITIONS": "4",
             **env,
         }
-        super().__init__(worker_argv("info"), worker_env(settings), data_dir / "worker.log")
+        # Appended: a replacement worker on the same folder (a restart) keeps its predecessors' logs.
+        super().__init__(worker_argv("info"), worker_env(settings), data_dir / "worker.log", append=True)
 
     def get(self, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
         """GET a path from this worker's web server."""
