@@ -49,7 +49,15 @@ from typing import Any, Protocol
 from faust.types import TP, AppT, TopicT
 
 from agents.epochs import AssignmentEpochs
-from app.faust_compat import AIOKafkaConsumerThread, FaustConsumer, FaustTransport, ack_lock, current_event, tune_fetch
+from app.faust_compat import (
+    AIOKafkaConsumerThread,
+    FaustConsumer,
+    FaustTransport,
+    ack_lock,
+    current_event,
+    rewind,
+    tune_fetch,
+)
 
 __all__ = [
     "Acker",
@@ -228,17 +236,13 @@ class BatchConsumer(FaustConsumer):
         self._intake = asyncio.Lock()
         self._committing = asyncio.Lock()
         self.transaction_offsets: dict[TP, int] = {}  # offsets this worker committed in transactions
-        self._in_hand = False  # the drain loop holds fetched records it has not handed on yet
+        self.fetch_rounds = 0  # drain-loop rounds begun: each hands on all its fetch returned, then the next begins
+        self.rewinds = 0  # changelog partitions sought back to records fetched but not handed on
 
     @property
     def epoch(self) -> int:
         """The assignment epoch: it changes whenever partitions are revoked."""
         return self.epochs.epoch
-
-    @property
-    def delivered_all_fetched(self) -> bool:
-        """Every record the fetcher returned so far was handed on (to a handler, a table's restore)."""
-        return not self._in_hand
 
     @property
     def stale_acks(self) -> int:
@@ -376,28 +380,37 @@ class BatchConsumer(FaustConsumer):
         fetcher_stopped = fetcher._stopped.is_set
         try:
             while not (consumer_stopped() or fetcher_stopped()):
-                self._in_hand = False
+                # Everything the previous round's fetch returned was handed on (to a handler, to a
+                # table's restore), or dropped for a rebalance and sought back to: a restore may count
+                # on it (see agents.transactions.release_restores).
+                self.fetch_rounds += 1
                 records, active = await self._wait_next_records(1.0)
-                self._in_hand = bool(records)
                 if self.epochs.holding and self.epochs.positioned and self.flow_active and not self.should_stop:
                     # Even if nothing new came: the seek may have left the position past these.
                     await self._deliver_held()
                 if not records or self.should_stop:
                     continue
+                dropped: dict[TP, tuple[int, int]] = {}
                 if not self.flow_active:
+                    self._not_handed_on(dropped, records.items())
                     await self.perform_seek()  # as Faust's getmany: re-read from committed offsets
+                    await self._rewind(dropped)  # and changelogs, which have none, from these records
                     continue
                 generation = self.app.consumer_generation_id
-                for tp, tp_records in records.items():
+                fetched = list(records.items())
+                for index, (tp, tp_records) in enumerate(fetched):
                     if not self.flow_active or self.app.consumer_generation_id != generation:
+                        self._not_handed_on(dropped, fetched[index:])
                         break
                     if active is not None and tp not in active and tp not in self._buffered_partitions:
+                        self._not_handed_on(dropped, [(tp, tp_records)])
                         continue
                     handler = self.ingestion.handlers.get(tp.topic)
                     if handler is None:
-                        await self._deliver_each(tp, tp_records)
+                        self._not_handed_on(dropped, [(tp, await self._deliver_each(tp, tp_records))])
                     else:
                         await self._deliver_batch(tp, tp_records, handler)
+                await self._rewind(dropped)
                 commit_every = self._commit_every
                 if commit_every is not None and self._n_acked >= commit_every:
                     # In the background, unlike Faust's loop: a commit flushes the producer (and the
@@ -473,16 +486,37 @@ class BatchConsumer(FaustConsumer):
             logger.exception("batch handler failed on %r; the batch is not acknowledged", batch)
             raise
 
-    async def _deliver_each(self, tp: TP, tp_records: list[Any]) -> None:
-        """Faust's own per-message path, for topics without a batch handler (tables, other agents)."""
-        for record in tp_records:
+    def _not_handed_on(self, dropped: dict[TP, tuple[int, int]], fetched: Iterable[tuple[TP, list[Any]]]) -> None:
+        # Faust's loop drops what a rebalance interrupts and seeks back to the committed offsets, but
+        # a changelog has none: the fetcher would stay past records a restore then never receives (a
+        # card restored without them). Those are sought back to (see app.faust_compat.rewind).
+        for tp, tp_records in fetched:
+            if tp_records and self._is_changelog_tp(tp):
+                dropped[tp] = (tp_records[0].offset, tp_records[-1].offset)
+
+    async def _rewind(self, dropped: Mapping[TP, tuple[int, int]]) -> None:
+        if dropped:
+            self.rewinds += 1  # first: a restore that read the position before must not count on it
+            logger.info("changelog records a rebalance interrupted are fetched again: %s",
+                        ", ".join(f"{tp.topic}[{tp.partition}] from {first}" for tp, (first, _) in dropped.items()))
+            await rewind(self, dropped)
+
+    async def _deliver_each(self, tp: TP, tp_records: list[Any]) -> list[Any]:
+        """Faust's own per-message path, for topics without a batch handler (tables, other agents).
+
+        Returns the records not handed on: the flow was suspended (a rebalance) before they were.
+        """
+        for index, record in enumerate(tp_records):
             read_offset = self._read_offset[tp]
             if read_offset is not None and record.offset < read_offset:
                 continue
             if read_offset and record.offset - read_offset > 1 and self.app.topics.acks_enabled_for(tp.topic):
                 await self._add_gap(tp, read_offset + 1, record.offset)
-            await self.wait_first(self.callback(self._to_message(tp, record)), self.suspend_flow.wait())
+            handing = self.callback(self._to_message(tp, record))
+            if handing not in (await self.wait_first(handing, self.suspend_flow.wait())).done:
+                return tp_records[index:]
             self._read_offset[tp] = record.offset
+        return []
 
 
 class BatchTransport(FaustTransport):

@@ -223,30 +223,72 @@ class TransactionalOutputs:
                 await state.producer.stop()
 
 
+SETTLE_TURNS = 8  # event-loop turns a record taken from the changelog queue needs to be counted received
+
+
 async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
     """Until the worker stops: end restores that have read past their changelog's last record (only markers left).
 
-    A partition counts as restored when the consumer's position is past Faust's highwater (the
-    offset before the end), its received offset has not moved for a whole interval, and nothing
-    fetched is still on its way to the restore: the drain loop has handed on every record it fetched
-    and the changelog queue is empty. (Faust drops a changelog record at or below the offset marked
-    restored: ending while records were fetched but not yet received restored a card incompletely.)
-    Faust's restore state is read through :func:`app.faust_compat.restore_state`.
+    Faust counts a partition restored once it has received the record at its highwater (the offset
+    before the end), and drops any changelog record at or below the offset marked restored. Marking
+    it too early therefore loses records: a card restored incompletely. A partition is marked once
+    everything the fetcher returned below its end has been received, which takes three steps:
+
+    1. the consumer's position is past the highwater: every record up to it has been fetched;
+    2. a whole drain-loop round has begun since that position was read: the fetch that returned the
+       last records (still on its way from the consumer thread, or being handed on) was handed on;
+    3. the changelog queue is empty and stays empty for a few event-loop turns: the restore has taken
+       every record and counted it (taking one and counting it are some turns apart).
+
+    All in the same assignment (a rebalance restarts the restore) and with no changelog sought back
+    meanwhile (records a rebalance interrupted are fetched again: the position read is no longer
+    true). Faust's restore state is read through :func:`app.faust_compat.restore_state`, after every
+    await, never across one.
     """
-    still: dict[Any, int] = {}
+    consumer = app.consumer
+    past_end: dict[Any, tuple[tuple[int, int, int], int]] = {}  # tp: (assignment, fetch round) once past its end
+
+    def assignment() -> tuple[int, int, int]:
+        return consumer.epoch, app.consumer_generation_id, consumer.rewinds
+
+    def unreceived(tp: Any) -> int | None:
+        """The highwater if ``tp`` still waits for records below it, else None (read now)."""
+        restoring, highwaters, offsets, _ = restore_state(app)
+        highwater, applied = highwaters.get(tp), offsets.get(tp)
+        if not restoring or highwater is None or applied is None or applied >= highwater:
+            return None
+        return highwater
+
+    async def settled() -> bool:
+        for _ in range(SETTLE_TURNS):
+            if not restore_state(app)[3]:
+                return False
+            await asyncio.sleep(0)
+        return restore_state(app)[3]
+
     while not app.should_stop:  # the consumer goes first when the worker stops
         await asyncio.sleep(interval_s)
-        restoring, highwaters, offsets, queue_empty = restore_state(app)
-        if not restoring:
-            still.clear()
+        if not restore_state(app)[0]:
+            past_end.clear()
             continue
-        for tp, highwater in list(highwaters.items()):
-            applied = offsets.get(tp)
-            if highwater is None or applied is None or applied >= highwater:
+        for tp in list(restore_state(app)[1]):
+            highwater = unreceived(tp)
+            if highwater is None:
+                past_end.pop(tp, None)
                 continue
-            position = await app.consumer.position(tp)
-            if (position is not None and position > highwater and still.get(tp) == applied
-                    and app.consumer.delivered_all_fetched and queue_empty):
-                logger.info("restore of %s ends at offset %d: only transaction markers follow", tp, applied)
-                offsets[tp] = highwater
-            still[tp] = applied
+            seen = past_end.get(tp)
+            if seen is not None and seen[0] == assignment() and consumer.fetch_rounds > seen[1] and await settled():
+                highwater = unreceived(tp)  # again: the turns above let the restore run
+                _, _, offsets, queue_empty = restore_state(app)
+                if highwater is not None and seen[0] == assignment() and queue_empty:
+                    logger.info("restore of %s ends at offset %d: only transaction markers follow", tp, highwater)
+                    offsets[tp] = highwater
+                past_end.pop(tp, None)
+                continue
+            before = assignment()
+            position = await consumer.position(tp)
+            highwater = unreceived(tp)
+            if highwater is not None and position is not None and position > highwater and before == assignment():
+                past_end[tp] = (assignment(), consumer.fetch_rounds)
+            else:
+                past_end.pop(tp, None)

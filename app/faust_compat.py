@@ -19,6 +19,8 @@ And here:
 * ``faust.streams._current_event``, the ContextVar behind ``faust.current_event()``: table reads and
   writes go to the partition of the event it names;
 * ``faust.transport.consumer.ack_lock``;
+* the Faust consumer's ``_thread`` (its ``call_thread`` and ``_ensure_consumer``), to seek fetched but
+  dropped changelog records back;
 * ``AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's ``AIOKafkaConsumer._isolation_level``,
   ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``, read by ``start()``;
 * the RocksDB store's ``_encode_key``, ``_encode_value``, ``_set``, ``_del``, ``_db_for_partition``
@@ -34,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
+from aiokafka import TopicPartition
 from faust import current_event as faust_current_event
 from faust.streams import _current_event
 from faust.transport.consumer import ack_lock
@@ -43,7 +46,7 @@ from faust.types import TP
 __all__ = [
     "AIOKafkaConsumerThread", "FaustConsumer", "FaustTransport", "ack_lock", "current_event", "drain_producer_buffer",
     "encode_key", "encode_value", "group_distribution", "persist_changelog_offset", "restore_state", "restoring",
-    "raw_get", "rocksdb_partition", "store_writes", "tune_fetch", "uses_rocksdict",
+    "raw_get", "rewind", "rocksdb_partition", "store_writes", "tune_fetch", "uses_rocksdict",
 ]
 
 FaustConsumer = faust_aiokafka.Consumer
@@ -58,6 +61,25 @@ def tune_fetch(consumer: Any, *, min_bytes: int, max_wait_ms: int, read_committe
     consumer._fetch_max_wait_ms = max_wait_ms
     if read_committed:
         consumer._isolation_level = "read_committed"
+
+
+async def rewind(consumer: Any, dropped: Mapping[TP, tuple[int, int]]) -> None:
+    """Seek partitions back to the first of their ``(first, last)`` offsets fetched but not handed on.
+
+    Only where the position is still past ``last``: a partition sought since (a restore starting, a
+    new assignment) keeps its new position. Runs in the consumer thread, where fetches and seeks do.
+    """
+    thread = consumer._thread
+
+    async def back() -> None:
+        kafka = thread._ensure_consumer()
+        assigned = kafka.assignment()
+        for tp, (first, last) in dropped.items():
+            partition = TopicPartition(tp.topic, tp.partition)
+            if partition in assigned and await kafka.position(partition) > last:
+                kafka.seek(partition, first)
+
+    await thread.call_thread(back)
 
 
 # Stores.

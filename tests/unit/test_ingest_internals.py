@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from importlib.metadata import version
 from types import SimpleNamespace
+from typing import Any
 
 import faust
 import pytest
@@ -285,9 +286,9 @@ async def test_an_assignment_is_prepared_before_faust_restores_and_seeks(monkeyp
     assert order == ["prepare [0, 1]", "faust: restore, then seek"]
 
 
-async def test_fetched_records_count_as_in_hand_until_the_drain_loop_has_passed_them_on(
+async def test_a_fetch_round_ends_only_once_its_records_were_handed_on(
         consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An exactly-once restore must not end while records it has not received are in the drain loop."""
+    """An exactly-once restore counts on it: a new round means the last fetch reached the restore."""
     tp = TP("changelog", 0)
     fetcher = SimpleNamespace(_stopped=asyncio.Event())
     fetched = asyncio.Event()
@@ -303,23 +304,147 @@ async def test_fetched_records_count_as_in_hand_until_the_drain_loop_has_passed_
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
-    async def deliver_each(tp_: TP, records: list[object]) -> None:
+    async def deliver_each(tp_: TP, records: list[object]) -> list[object]:
         delivering.set()
         await may_deliver.wait()
+        return []
 
     monkeypatch.setattr(consumer, "_wait_next_records", next_records)
     monkeypatch.setattr(consumer, "_deliver_each", deliver_each)
     monkeypatch.setattr(type(consumer), "flow_active", True)
-    assert consumer.delivered_all_fetched
     draining = asyncio.ensure_future(consumer._drain_messages(fetcher))
     await delivering.wait()
-    assert not consumer.delivered_all_fetched
+    assert consumer.fetch_rounds == 1
     may_deliver.set()
     await fetched.wait()
-    assert consumer.delivered_all_fetched
+    assert consumer.fetch_rounds == 2
     fetcher._stopped.set()
     draining.cancel()
     await asyncio.wait([draining])
+
+
+@pytest.fixture
+def rewinds(consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch) -> list[dict[TP, tuple[int, int]]]:
+    """The changelog partitions the consumer seeks back, per call (topic "changelog" is a changelog)."""
+    calls: list[dict[TP, tuple[int, int]]] = []
+
+    async def rewind(consumer_: object, dropped: dict[TP, tuple[int, int]]) -> None:
+        calls.append(dict(dropped))
+
+    async def perform_seek() -> None:
+        pass
+
+    monkeypatch.setattr(ingest, "rewind", rewind)
+    monkeypatch.setattr(consumer, "perform_seek", perform_seek)
+    monkeypatch.setattr(consumer, "_is_changelog_tp", lambda tp: tp.topic == "changelog")
+    monkeypatch.setattr(consumer, "_to_message", lambda tp, record: record)
+
+    async def wait_first(*waiting: Any) -> SimpleNamespace:  # as the consumer's (a mode Service's)
+        tasks = {aw: asyncio.ensure_future(aw) for aw in waiting}
+        await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+        done = [aw for aw, task in tasks.items() if task.done()]
+        for task in tasks.values():
+            task.cancel()
+        return SimpleNamespace(done=done)
+
+    monkeypatch.setattr(consumer, "wait_first", wait_first)
+    monkeypatch.setattr(consumer, "suspend_flow", asyncio.Event())
+    return calls
+
+
+async def _one_round(consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch,
+                     records: dict[TP, list[object]]) -> None:
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+    calls = 0
+
+    async def next_records(timeout: float) -> tuple[dict[TP, list[object]], None]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return records, None
+        fetcher._stopped.set()
+        return {}, None
+
+    monkeypatch.setattr(consumer, "_wait_next_records", next_records)
+    await consumer._drain_messages(fetcher)
+
+
+async def test_changelog_records_fetched_while_the_flow_is_suspended_are_sought_back(
+        consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch,
+        rewinds: list[dict[TP, tuple[int, int]]]) -> None:
+    """A rebalance drops what it interrupts; a changelog has no committed offset to seek back to.
+
+    Left past them, the fetcher never returned those records again: a restore that started then
+    received nothing of its partition and ended at its last marker (a card restored empty).
+    """
+    changelog, source = TP("changelog", 2), TP("t", 0)
+    consumer.flow_active = False
+    await _one_round(consumer, monkeypatch, {changelog: _records(changelog, 0, 47), source: _records(source, 5, 3)})
+    assert rewinds == [{changelog: (0, 46)}]  # the input is sought to its committed offset, as by Faust
+    assert consumer.rewinds == 1
+
+
+async def test_changelog_records_a_suspension_interrupts_are_sought_back(
+        consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch,
+        rewinds: list[dict[TP, tuple[int, int]]]) -> None:
+    changelog = TP("changelog", 2)
+    handed: list[int] = []
+
+    async def callback(message: object) -> None:
+        if len(handed) == 2:  # the third waits (the restore's queue is full) when a rebalance starts
+            consumer.suspend_flow.set()
+            await asyncio.Event().wait()
+        handed.append(message.offset)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(consumer, "callback", callback)
+    await _one_round(consumer, monkeypatch, {changelog: _records(changelog, 10, 5)})
+    assert handed == [10, 11]
+    assert rewinds == [{changelog: (12, 14)}]
+
+
+async def test_a_round_that_handed_everything_on_seeks_nothing(
+        consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch,
+        rewinds: list[dict[TP, tuple[int, int]]]) -> None:
+    changelog = TP("changelog", 2)
+    handed: list[int] = []
+
+    async def callback(message: object) -> None:
+        handed.append(message.offset)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(consumer, "callback", callback)
+    await _one_round(consumer, monkeypatch, {changelog: _records(changelog, 10, 5)})
+    assert handed == [10, 11, 12, 13, 14] and rewinds == [] and consumer.rewinds == 0
+
+
+async def test_rewind_seeks_back_only_partitions_still_past_the_dropped_records() -> None:
+    from aiokafka import TopicPartition
+
+    from app.faust_compat import rewind
+
+    moved, kept, gone = TopicPartition("changelog", 0), TopicPartition("changelog", 1), TopicPartition("changelog", 2)
+    positions = {moved: 48, kept: 0}  # kept: sought back (a restore started) after the fetch
+    seeks: list[tuple[TopicPartition, int]] = []
+
+    class Kafka:
+        def assignment(self) -> set[TopicPartition]:
+            return {moved, kept}
+
+        async def position(self, tp: TopicPartition) -> int:
+            return positions[tp]
+
+        def seek(self, tp: TopicPartition, offset: int) -> None:
+            seeks.append((tp, offset))
+
+    class Thread:
+        def _ensure_consumer(self) -> Kafka:
+            return Kafka()
+
+        async def call_thread(self, fun: Any) -> Any:
+            return await fun()
+
+    await rewind(SimpleNamespace(_thread=Thread()), {TP("changelog", 0): (0, 46), TP("changelog", 1): (0, 46),
+                                                     TP("changelog", 2): (0, 46)})
+    assert seeks == [(moved, 0)] and gone not in positions
 
 
 def test_recovery_producer_and_assignor_names_of_the_compat_module_exist() -> None:
