@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.errors import IllegalStateError
 from faust import current_event as faust_current_event
 from faust.streams import _current_event
 from faust.transport.consumer import ack_lock
@@ -76,8 +77,11 @@ async def rewind(consumer: Any, dropped: Mapping[TP, tuple[int, int]]) -> None:
         assigned = kafka.assignment()
         for tp, (first, last) in dropped.items():
             partition = TopicPartition(tp.topic, tp.partition)
-            if partition in assigned and await kafka.position(partition) > last:
-                kafka.seek(partition, first)
+            try:
+                if partition in assigned and await kafka.position(partition) > last:
+                    kafka.seek(partition, first)
+            except IllegalStateError:  # unassigned while its position was reset: the next owner reads it
+                continue
 
     await thread.call_thread(back)
 
