@@ -7,7 +7,8 @@ and under exactly once holds intake for the whole commit. :class:`Checkpoint` is
 At least once (``before_offsets``, then Faust's offset commit)::
 
     1. write state   the state cache's changes, in steps of at most 2 ms of work (records are scored
-                     between them), each step's writes into the local RocksDB stores at once
+                     between them), each partition's writes into its local RocksDB store once its
+                     last step is done
     2. changelog     the changelog records, in batches per partition on their own producer, all
                      acknowledged; a failure stops the worker and no later commit happens
     3. Faust buffer  anything in Faust's own producer buffer, drained completely
@@ -131,9 +132,13 @@ class Checkpoint:
         assert changelog is not None
         writes = 0
         started = step_started = time.perf_counter()
-        for written in cache.flushing():  # 1. write state
-            writes = written
-            changelog.store_pending()  # before anything (the next step's trim, a view) reads the table
+        for step in cache.flushing():  # 1. write state
+            writes = step.writes
+            if step.partition_written:
+                # A whole partition at once (before the trim that follows the last one; until then
+                # its written cards stay cached): a crash mid-flush never leaves some of its cards
+                # newer than others in RocksDB, which a restart with this folder would read.
+                changelog.store_pending()
             if time.perf_counter() - step_started > STEP_S:
                 await asyncio.sleep(0)  # let records be scored: a state write never stalls predictions
                 step_started = time.perf_counter()

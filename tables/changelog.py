@@ -3,7 +3,8 @@
 A Faust table write queues its changelog record in Faust's producer buffer, which hands one record
 to the Kafka client per event-loop turn; on a busy worker a flush of a few thousand card states then
 takes seconds. :class:`ChangelogWriter` encodes each write exactly as Faust stores it and puts it
-in the partition's RocksDB store at once (later reads see it, as with a Faust table write); on
+in the partition's RocksDB store when asked (:meth:`~ChangelogWriter.store_pending`, once the caller
+has written a whole partition; later reads see it, as with a Faust table write); on
 :meth:`~ChangelogWriter.flush` it sends all changelog records in batches per partition (on a
 producer of their own: predictions never queue behind a flush), so a flush costs about one produce
 round trip. Once every record is acknowledged it
@@ -104,8 +105,8 @@ class ChangelogWriter:
     def write(self, table: Any, partition: int, key: Any, value: Any) -> None:
         """Queue a write of ``key`` in ``partition`` of ``table``: for the store, and for the changelog.
 
-        It is readable from the store after :meth:`store_pending` (the worker calls it after every
-        step of a state flush, before anything can read the table) or :meth:`flush`.
+        It is readable from the store after :meth:`store_pending` (the worker calls it once a state
+        flush has written a whole partition; its cards stay cached until then) or :meth:`flush`.
         """
         self._writes.append(encode(table, partition, key, value))
         self._unstored += 1
