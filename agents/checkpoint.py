@@ -7,10 +7,10 @@ and under exactly once holds intake for the whole commit. :class:`Checkpoint` is
 At least once (``before_offsets``, then Faust's offset commit)::
 
     1. write state   the state cache's changes, in steps of at most 2 ms of work (records are scored
-                     between them), each partition's writes into its local RocksDB store once its
-                     last step is done
+                     between them); the cards written stay cached
     2. changelog     the changelog records, in batches per partition on their own producer, all
-                     acknowledged; a failure stops the worker and no later commit happens
+                     acknowledged, then the writes into the local RocksDB stores and the cache may
+                     trim; a failure stops the worker and no later commit happens
     3. Faust buffer  anything in Faust's own producer buffer, drained completely
     4. offsets       (Faust) the contiguous acknowledged offsets: every output of each record is
                      acknowledged (``acks=all``) and step 1 wrote the epoch its state change was in
@@ -132,18 +132,14 @@ class Checkpoint:
         assert changelog is not None
         writes = 0
         started = step_started = time.perf_counter()
-        for step in cache.flushing():  # 1. write state
-            writes = step.writes
-            if step.partition_written:
-                # A whole partition at once (before the trim that follows the last one; until then
-                # its written cards stay cached): a crash mid-flush never leaves some of its cards
-                # newer than others in RocksDB, which a restart with this folder would read.
-                changelog.store_pending()
+        # 1. write state: the cards written stay cached (no trim) until step 2 has stored them.
+        for written in cache.flushing(trim=False):
+            writes = written
             if time.perf_counter() - step_started > STEP_S:
                 await asyncio.sleep(0)  # let records be scored: a state write never stalls predictions
                 step_started = time.perf_counter()
         try:
-            await changelog.flush()  # 2. changelog
+            await changelog.flush()  # 2. changelog, then the local stores
         except BaseException as exc:
             if self._scoring.should_stop:  # stopping under a pending write: the records come again
                 raise SkipCommit(f"changelog records not sent while stopping: {exc!r}") from exc
@@ -155,6 +151,7 @@ class Checkpoint:
             self._crashing.add(task)
             task.add_done_callback(self._crashing.discard)
             raise SkipCommit(f"changelog records could not be sent: {exc!r}") from exc
+        cache.trim()  # the written states are in RocksDB now: clean ones may be dropped
         self._observe(cache, writes, time.perf_counter() - started)
         return writes
 

@@ -17,19 +17,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from tables.card_store import Stored, events_held
 from tables.features import CardState, Watermark, new_state
 
-__all__ = ["FlushStep", "StateCache"]
-
-
-class FlushStep(NamedTuple):
-    """What a step of :meth:`StateCache.flushing` has done."""
-
-    writes: int  # table writes so far
-    partition_written: bool  # this step ended a partition: its cards, then its watermark, are all written
+__all__ = ["StateCache"]
 
 Scope = Callable[[int], AbstractContextManager[object]]
 # Reads a card from its table (None if unknown); writes the changes since ``Stored`` (given the
@@ -140,9 +133,9 @@ class StateCache:
         writes do not reach the table at once (a transaction), so the table must not be read for
         them yet; it calls :meth:`trim` once they have.
         """
-        return deque(self.flushing(trim=trim), maxlen=1).pop().writes
+        return deque(self.flushing(trim=trim), maxlen=1).pop()
 
-    def flushing(self, *, trim: bool = True, cards_per_step: int = 64) -> Iterator[FlushStep]:
+    def flushing(self, *, trim: bool = True, cards_per_step: int = 64) -> Iterator[int]:
         """:meth:`flush` in steps: yields the writes so far after every ``cards_per_step`` cards.
 
         The caller may let other work run between steps (the worker scores records meanwhile). The
@@ -153,9 +146,6 @@ class StateCache:
         ahead of the others or of the watermark (a card loaded after a restart raises the watermark
         to its newest event, which must not pass events of other cards that were not written yet).
         Acknowledgements of changes made after the flush started still wait for the next flush.
-        A step that ends a partition says so (``partition_written``): its writes are complete then,
-        and a caller that puts them into RocksDB only then never leaves part of a partition's writes
-        there if it crashes mid-flush.
         """
         epoch = self.epoch
         self.epoch += 1  # changes from now on are acknowledged after the next flush
@@ -166,15 +156,15 @@ class StateCache:
             while len(pending) > cards_per_step:
                 writes += self._write(partition, pending[:cards_per_step])
                 pending = pending[cards_per_step:]
-                yield FlushStep(writes, partition_written=False)
+                yield writes
             last = dict(pending)
             for card_id, touched in self._dirty.pop(partition, {}).items():
                 last.setdefault(card_id, set()).update(touched)
             writes += self._write(partition, list(last.items()))
             writes += self._write_watermark(partition)
-            yield FlushStep(writes, partition_written=True)
+            yield writes
         self._flushed(epoch, writes, trim)
-        yield FlushStep(writes, partition_written=False)
+        yield writes
 
     def _write(self, partition: int, cards: Sequence[tuple[str, set[int]]]) -> int:
         cached, stored = self._cards.get(partition), self._stored.get(partition)

@@ -1,15 +1,15 @@
-"""Table writes in bulk: local RocksDB at once, changelog records sent together and awaited together.
+"""Table writes in bulk: changelog records sent together and awaited together, then the local stores.
 
 A Faust table write queues its changelog record in Faust's producer buffer, which hands one record
 to the Kafka client per event-loop turn; on a busy worker a flush of a few thousand card states then
-takes seconds. :class:`ChangelogWriter` encodes each write exactly as Faust stores it and puts it
-in the partition's RocksDB store when asked (:meth:`~ChangelogWriter.store_pending`, once the caller
-has written a whole partition; later reads see it, as with a Faust table write); on
+takes seconds. :class:`ChangelogWriter` encodes each write exactly as Faust stores it; on
 :meth:`~ChangelogWriter.flush` it sends all changelog records in batches per partition (on a
 producer of their own: predictions never queue behind a flush), so a flush costs about one produce
-round trip. Once every record is acknowledged it
-records the changelog offset in the store, as Faust does per record, so a restart reads only what
-came after.
+round trip. Once every record of a table is acknowledged it puts the writes into the partitions'
+RocksDB stores, with the changelog offset (as Faust records it per write), so a restart reads only
+what came after. The local store follows the changelog, never the other way round: a worker killed
+mid-flush and restarted on its folder finds in RocksDB nothing the changelog lacks, and what the
+changelog got beyond the last stored offset comes back from it.
 
 Exactly-once mode stages the same encoded writes in transactions instead (see
 :mod:`agents.transactions`) and writes the stores only after the transaction commits.
@@ -99,43 +99,35 @@ class ChangelogWriter:
         self._send = send
         self._scope = scope
         self._writes: list[Write] = []
-        self._unstored = 0  # the last writes, not yet in the local stores
         self.failed: BaseException | None = None
 
     def write(self, table: Any, partition: int, key: Any, value: Any) -> None:
-        """Queue a write of ``key`` in ``partition`` of ``table``: for the store, and for the changelog.
+        """Queue a write of ``key`` in ``partition`` of ``table``, for the changelog and then the store.
 
-        It is readable from the store after :meth:`store_pending` (the worker calls it once a state
-        flush has written a whole partition; its cards stay cached until then) or :meth:`flush`.
+        It reaches the store once :meth:`flush` has had its changelog record acknowledged; until then
+        the caller keeps what it wrote (the state cache keeps written cards cached until it trims).
         """
         self._writes.append(encode(table, partition, key, value))
-        self._unstored += 1
-
-    def store_pending(self) -> None:
-        """Put the writes queued since the last call into the local stores."""
-        if self._unstored:
-            store(self._writes[-self._unstored:], self._scope)
-            self._unstored = 0
 
     def __len__(self) -> int:
         return len(self._writes)
 
     async def flush(self) -> int:
-        """Send every queued changelog record and wait until all are acknowledged; return how many.
+        """Send every queued changelog record, wait for the acknowledgements, then store; return how many.
 
         A failure is final: this and every later flush raise, so no offset that depends on the lost
         records is ever committed (the worker stops and the records are processed again).
         """
         if self.failed is not None:  # once lost, the changes are not in the changelog: never commit past them
             raise RuntimeError("an earlier changelog write failed") from self.failed
-        self.store_pending()
         writes, self._writes = self._writes, []
         if not writes:
             return 0
-        # One table after the other, in the order of their first write, each acknowledged before the
-        # next is sent: the state cache writes cards before watermarks, so a crash mid-flush can leave
-        # a card newer than its watermark (which the cache repairs on load) but never the reverse,
-        # which would route its redelivered events late.
+        # One table after the other, in the order of their first write, each acknowledged (and stored)
+        # before the next is sent: the state cache writes cards before watermarks, so a crash mid-flush
+        # can leave a card newer than its watermark (which the cache repairs on load) but never the
+        # reverse, which would route its redelivered events late. A partition's records of one flush
+        # go in one batch, which the broker appends whole, unless they need more than one.
         tables: dict[Any, dict[int, list[Write]]] = {}
         for write in writes:
             tables.setdefault(write[0], {}).setdefault(write[1], []).append(write)
@@ -146,6 +138,7 @@ class ChangelogWriter:
                     self._send(topic, partition, [(key, value) for _t, _p, key, value in group])
                     for partition, group in partitions.items()))
                 for group, group_offsets in zip(partitions.values(), offsets, strict=True):
+                    store(group, self._scope)
                     persist_offsets(group, group_offsets)
         except BaseException as exc:
             self.failed = exc
