@@ -412,7 +412,9 @@ class BatchConsumer(FaustConsumer):
                         await self._deliver_batch(tp, tp_records, handler)
                 await self._rewind(dropped)
                 commit_every = self._commit_every
-                if commit_every is not None and self._n_acked >= commit_every:
+                # Exactly once commits by the interval only: every commit is a cut that holds intake
+                # (and outputs are visible when it is done, not sooner, whatever piled up).
+                if commit_every is not None and self._n_acked >= commit_every and self.offset_committer is None:
                     # In the background, unlike Faust's loop: a commit flushes the producer (and the
                     # state cache's changelog writes); awaiting it here would stall ingestion.
                     self._n_acked = 0

@@ -48,7 +48,7 @@ from faust.types import TP
 from agents.ingest import RecordBatch, table_partition
 from agents.outputs import OutputProducer
 from app.faust_compat import restore_state
-from tables.changelog import Write, encode, persist_offsets, store
+from tables.changelog import Write, encode, persist_offsets, send_many, store
 
 __all__ = ["TransactionalOutputs", "release_restores"]
 
@@ -193,11 +193,16 @@ class TransactionalOutputs:
 
     async def _commit_partition(self, partition: int, offset: int | None, staged: list[Write]) -> None:
         state = await self._begun(partition)
-        deliveries = [await state.producer.send(table.changelog_topic.get_topic_name(), value, key=key,
-                                                partition=partition) for table, _p, key, value in staged]
         await state.outputs.flush()
+        by_table: dict[Any, list[Write]] = {}
+        for write in staged:
+            by_table.setdefault(write[0], []).append(write)
+        sent = await asyncio.gather(*(
+            send_many(state.producer, table.changelog_topic.get_topic_name(), partition,
+                      [(key, value) for _t, _p, key, value in writes]) for table, writes in by_table.items()))
         await state.producer.flush()  # every output and changelog record of the transaction is acknowledged
-        offsets = [delivery.result().offset for delivery in deliveries]
+        staged = [write for writes in by_table.values() for write in writes]
+        offsets = [offset for table_offsets in sent for offset in table_offsets]
         if offset is not None:
             await state.producer.send_offsets_to_transaction(
                 {TopicPartition(self._input_topic, partition): OffsetAndMetadata(offset, "")}, self._group_id)
