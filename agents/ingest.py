@@ -11,8 +11,8 @@ on which handlers and hooks are registered (they belong to that app, not to this
   every record the fetch returned for one partition, raw (bytes, offset, key, timestamp), in order.
 * Acknowledgement is explicit: ``batch.ack(offsets)`` marks offsets committable once their outputs
   are delivered; Faust's periodic commit then advances each partition up to the first offset not yet
-  acknowledged. Offsets the broker never returns (transaction markers, compacted records) are
-  registered as gaps and count as acknowledged, as Faust does for its own path.
+  acknowledged, as seam's ledger (:mod:`agents.acks`) counts it. Offsets the broker never returns
+  (transaction markers, compacted records) are registered as gaps and count as acknowledged.
 * Rebalance safety: when partitions are revoked, the hooks registered with :meth:`Ingestion.before_revoke`
   (the pipeline flushes its model boundary) get up to ``REVOKE_FLUSH_TIMEOUT_S`` to deliver what is
   in flight, and what they acknowledged is committed before the partitions go. Every batch also
@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 from faust.types import TP, AppT, TopicT
 
+from agents.acks import AckLedger
 from agents.epochs import AssignmentEpochs
 from app.faust_compat import (
     AIOKafkaConsumerThread,
@@ -232,6 +233,7 @@ class BatchConsumer(FaustConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.epochs = AssignmentEpochs()  # what may be handed over, and from where (agents.epochs)
+        self.acks: AckLedger[TP] = AckLedger()  # what batch-handled partitions may commit (agents.acks)
         self._background_commit: asyncio.Future[None] | None = None
         self._intake = asyncio.Lock()
         self._committing = asyncio.Lock()
@@ -276,8 +278,10 @@ class BatchConsumer(FaustConsumer):
                         logger.warning("in-flight batches not delivered within %.0fs of revocation; they will "
                                        "be delivered again", REVOKE_FLUSH_TIMEOUT_S)
                 await self._bounded_while_stopping(self._commit_after_hooks(None, True))
-            # Any batch fetched before this point may no longer be ours: its acks are dropped.
+            # Any batch fetched before this point may no longer be ours: its acks are dropped, and
+            # what was done in the revoked partitions no longer counts (their records come again).
             self.epochs.revoke()
+            self.acks.forget(revoked)
         await super().on_partitions_revoked(revoked)
 
     async def perform_seek(self) -> None:
@@ -367,13 +371,22 @@ class BatchConsumer(FaustConsumer):
         if not self.epochs.accepts(epoch):
             return 0
         with ack_lock:
-            committed = self._committed_offset[tp]
-            acked_index = self._acked_index[tp]
-            fresh = [o for o in offsets if (committed is None or o >= committed) and o not in acked_index]
-            acked_index.update(fresh)
-            self._acked[tp].extend(fresh)
-            self._n_acked += len(fresh)
-        return len(fresh)
+            fresh = self.acks.ack(tp, offsets, self._committed_offset[tp])
+            self._n_acked += fresh
+        return fresh
+
+    def _new_offset(self, tp: TP) -> int | None:
+        # Faust's commit asks this for every partition with acknowledgements: batch-handled ones
+        # are answered by seam's ledger, the others (Faust's own per-message path) by Faust's.
+        if tp in self.acks:
+            return self.acks.committable(tp, self._committed_offset[tp])
+        return super()._new_offset(tp)
+
+    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
+        yield from super()._filter_tps_with_pending_acks(topics)
+        for tp in self.acks.partitions():
+            if topics is None or tp in topics or tp.topic in topics:
+                yield tp
 
     async def _drain_messages(self, fetcher: Any) -> None:  # noqa: C901 - mirrors Faust's loop
         consumer_stopped = self._stopped.is_set
@@ -464,6 +477,7 @@ class BatchConsumer(FaustConsumer):
         # sets it (Faust's own loop then stores the last offset read, and lets a re-fetch of that
         # record through again); never back before what this epoch handed over already.
         expected = self.epochs.next_offset(tp, self._read_offset[tp])
+        committed = self._committed_offset[tp]
         fresh = []
         for record in tp_records:  # in offset order, each once (held records may repeat a fetch)
             if expected is not None and record.offset < expected:
@@ -471,13 +485,12 @@ class BatchConsumer(FaustConsumer):
             if expected is not None and record.offset > expected:
                 # Offsets the broker skipped (transaction markers, compaction) count as acknowledged.
                 # Unlike Faust's own loop, the gap ends before this record: it is not acked yet.
-                await self._add_gap(tp, expected, record.offset - 1)
-                if self.epoch != epoch:
-                    return  # a rebalance re-positioned the partition meanwhile: these come again
+                self.acks.gap(tp, expected, record.offset - 1, committed)
             fresh.append(record)
             expected = record.offset + 1
         if not fresh:
             return
+        self.acks.begin(tp, fresh[0].offset, committed)  # with nothing committed, the partition starts here
         self._read_offset[tp] = fresh[-1].offset + 1
         self.epochs.handed(tp, fresh[-1].offset + 1)
         batch = RecordBatch(tp.topic, tp.partition, fresh, lambda offsets: self.ack_offsets(tp, offsets, epoch),

@@ -8,8 +8,9 @@ Faust's aiokafka consumer and therefore works on its base class's own state:
 * ``faust.transport.drivers.aiokafka.Consumer`` (subclassed; ``on_partitions_revoked`` and
   ``on_partitions_assigned`` extended), ``Transport`` and its ``Consumer`` slot,
   ``AIOKafkaConsumerThread``;
-* ``Consumer._drain_messages`` (replaced), ``_wait_next_records``, ``_read_offset``, ``_add_gap``,
-  ``_acked``, ``_acked_index``, ``_committed_offset``, ``_n_acked``, ``_commit_every``,
+* ``Consumer._drain_messages`` (replaced), ``_new_offset`` and ``_filter_tps_with_pending_acks``
+  (extended: batch-handled partitions are answered by :mod:`agents.acks`), ``_wait_next_records``,
+  ``_read_offset``, ``_add_gap``, ``_committed_offset``, ``_n_acked``, ``_commit_every``,
   ``_buffered_partitions``, ``_to_message``, ``perform_seek``, ``flow_active``, ``suspend_flow``,
   ``_filter_committable_offsets``, ``_filter_tps_with_pending_acks``, ``_new_consumer_thread``,
   ``_new_offset``, ``_stopped`` (all used by the subclass).
