@@ -44,9 +44,13 @@ MALFORMED: list[tuple[bytes | None, bytes | None, str]] = [
 ]
 
 
-def stream_with_late_and_duplicates(count: int, seed: int, prefix: str) -> list[dict[str, Any]]:
-    """Synthetic transactions (some out of order, some late) with a few redelivered duplicates."""
-    generator = TransactionGenerator(cards=50, seed=seed, late_rate=0.01, id_prefix=prefix)
+def stream_with_late_and_duplicates(count: int, seed: int, prefix: str, cards: int = 50) -> list[dict[str, Any]]:
+    """Synthetic transactions (some out of order, some late) with a few redelivered duplicates.
+
+    Each card transacts every 10-60 minutes of event time, so the stream advances about
+    ``1,500 s / cards`` of event time per event (30 s with 50 cards).
+    """
+    generator = TransactionGenerator(cards=cards, seed=seed, late_rate=0.01, id_prefix=prefix)
     events = [next(generator)[0] for _ in range(count)]
     rng = random.Random(seed)
     for _ in range(count // 100):
