@@ -1,18 +1,23 @@
 """seam's producer of outputs (predictions, feature log, dead letters, late records), in batches.
 
 Sending record by record through Faust's producer costs 14–16 µs per record here, and aiokafka keeps
-one produce request in flight per broker connection, so outputs also queued behind whatever else
-that producer carried. :class:`OutputProducer` is a producer of its own: :meth:`~OutputProducer.send`
-appends a record to an open batch of its topic partition (partitioned like Kafka's default
-partitioner: murmur2 of the key) and returns that batch's delivery future; every batch opened during
-one event-loop turn is sent at the end of the turn, in the order the batches were opened, so the
-records of one key keep their order. A batch that fills up is sent at once.
+one produce request in flight per broker connection. :class:`OutputProducer` is a producer of its own:
+:meth:`~OutputProducer.send` appends a record to the open batch of its topic partition (partitioned
+like Kafka's default partitioner: murmur2 of the key) and returns that batch's delivery future.
+
+Each topic partition has at most one batch on its way to the broker. A partition with none on its
+way hands its open batch to the producer at the end of the event-loop turn that opened it; a
+partition whose batch is still on its way keeps appending to its open batch, which goes as soon as
+the one before it is acknowledged. So batches grow with the load and the broker's round trip, and a
+produce request carries one batch per partition: a burst of outputs never queues up as many small
+batches, each waiting for a request of its own. Records of one partition keep their order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +30,23 @@ __all__ = ["OutputProducer"]
 
 
 @dataclass(slots=True)
-class _OpenBatch:
-    topic: str
-    partition: int
+class _Batch:
     builder: Any
     delivered: asyncio.Future[Any]
+
+
+@dataclass(slots=True)
+class _Partition:
+    """One topic partition's batches: the open one, full ones waiting, the one on its way."""
+
+    topic: str
+    partition: int
+    open: _Batch | None = None
+    full: deque[_Batch] = field(default_factory=deque)
+    on_its_way: _Batch | None = None
+
+    def batches(self) -> list[_Batch]:
+        return [b for b in (self.on_its_way, *self.full, self.open) if b is not None]
 
 
 @dataclass(slots=True)
@@ -41,7 +58,7 @@ class _PartitionCache:
 
 
 class OutputProducer:
-    """Gathers outputs per topic partition within an event-loop turn and sends each as one batch."""
+    """Batches outputs per topic partition, with at most one batch per partition on its way at a time."""
 
     MAX_CACHED_KEYS = 200_000
 
@@ -55,10 +72,9 @@ class OutputProducer:
                                         max_batch_size=max_batch_size, linger_ms=linger_ms)
         self._producer = producer
         self._partitions: dict[str, _PartitionCache] = {}
-        self._open: dict[tuple[str, int], _OpenBatch] = {}
-        self._closed: list[_OpenBatch] = []
+        self._batches: dict[tuple[str, int], _Partition] = {}
+        self._ready: list[_Partition] = []  # partitions with nothing on its way and something to send
         self._scheduled = False
-        self._sending = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -66,26 +82,34 @@ class OutputProducer:
         await self._producer.start()
 
     async def flush(self) -> None:
-        """Hand every open batch to the producer now (its delivery futures settle when it is acknowledged)."""
-        self._schedule_now()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Send every record handed in so far; return once each is acknowledged (or failed)."""
+        pending = [batch.delivered for state in self._batches.values() for batch in state.batches()]
+        self._hand_over()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def stop(self) -> None:
         """Send what is open, wait for it, and disconnect (a producer of its own)."""
         await self.flush()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._owned:
             await self._producer.stop()
 
     async def send(self, batch: RecordBatch | None, topic: str, key: bytes | None, value: bytes) -> asyncio.Future[Any]:
         """Add one record to its partition's open batch; return that batch's delivery future."""
         partition = await self._partition(topic, key)
-        open_batch = self._open.get((topic, partition))
+        state = self._batches.get((topic, partition))
+        if state is None:
+            state = self._batches[(topic, partition)] = _Partition(topic, partition)
+        open_batch = state.open
         if open_batch is None:
-            open_batch = self._new_batch(topic, partition)
+            open_batch = state.open = self._new_batch()
+            if state.on_its_way is None:
+                self._make_ready(state)
         if open_batch.builder.append(key=key, value=value, timestamp=None) is None:
-            self._close(open_batch)  # full: sent at once, and a new one is opened
-            open_batch = self._new_batch(topic, partition)
+            state.full.append(open_batch)  # full: it goes next, and a new one is opened
+            open_batch = state.open = self._new_batch()
             if open_batch.builder.append(key=key, value=value, timestamp=None) is None:
                 raise ValueError(f"an output record of {len(value)} bytes does not fit in a batch")
         return open_batch.delivered
@@ -104,49 +128,58 @@ class OutputProducer:
             partition = cache.by_key[key] = (murmur2(key) & 0x7FFFFFFF) % cache.count
         return partition
 
-    def _new_batch(self, topic: str, partition: int) -> _OpenBatch:
-        loop = asyncio.get_running_loop()
-        open_batch = self._open[(topic, partition)] = _OpenBatch(
-            topic, partition, self._producer.create_batch(), loop.create_future())
+    def _new_batch(self) -> _Batch:
+        return _Batch(self._producer.create_batch(), asyncio.get_running_loop().create_future())
+
+    def _make_ready(self, state: _Partition) -> None:
+        self._ready.append(state)
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._schedule_now)  # at the end of this turn: everything opened in it goes
-        return open_batch
+            asyncio.get_running_loop().call_soon(self._hand_over)  # at the end of this turn
 
-    def _close(self, open_batch: _OpenBatch) -> None:
-        del self._open[(open_batch.topic, open_batch.partition)]
-        self._closed.append(open_batch)
-        self._start_sending()
-
-    def _schedule_now(self) -> None:
+    def _hand_over(self) -> None:
+        """Give each ready partition's next batch to the producer."""
         self._scheduled = False
-        self._closed += self._open.values()
-        self._open = {}
-        self._start_sending()
+        ready, self._ready = self._ready, []
+        for state in ready:
+            if state.on_its_way is not None:
+                continue
+            if state.full:
+                batch = state.full.popleft()
+            elif state.open is not None:
+                batch, state.open = state.open, None
+            else:
+                continue
+            state.on_its_way = batch
+            task = asyncio.ensure_future(self._send(state, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
-    def _start_sending(self) -> None:
-        if not self._closed:
+    async def _send(self, state: _Partition, batch: _Batch) -> None:
+        try:
+            sent = await self._producer.send_batch(batch.builder, state.topic, partition=state.partition)
+        except BaseException as exc:
+            self._done(state, batch)
+            if not batch.delivered.done():
+                batch.delivered.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
             return
-        batches, self._closed = self._closed, []
-        task = asyncio.ensure_future(self._send_in_order(batches))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        sent.add_done_callback(lambda done: self._acknowledged(state, batch, done))
 
-    async def _send_in_order(self, batches: list[_OpenBatch]) -> None:
-        async with self._sending:  # FIFO: batches of one partition reach the accumulator in order
-            for open_batch in batches:
-                try:
-                    sent = await self._producer.send_batch(open_batch.builder, open_batch.topic,
-                                                           partition=open_batch.partition)
-                except BaseException as exc:
-                    if not open_batch.delivered.done():
-                        open_batch.delivered.set_exception(exc)
-                    continue
-                sent.add_done_callback(lambda done, b=open_batch: _settle(b, done))
+    def _acknowledged(self, state: _Partition, batch: _Batch, done: asyncio.Future[Any]) -> None:
+        _settle(batch, done)
+        self._done(state, batch)
+
+    def _done(self, state: _Partition, batch: _Batch) -> None:
+        if state.on_its_way is batch:
+            state.on_its_way = None
+        if state.full or state.open is not None:
+            self._make_ready(state)
 
 
-def _settle(open_batch: _OpenBatch, done: asyncio.Future[Any]) -> None:
-    delivered = open_batch.delivered
+def _settle(batch: _Batch, done: asyncio.Future[Any]) -> None:
+    delivered = batch.delivered
     if delivered.done():
         return
     if done.cancelled():

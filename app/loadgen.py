@@ -2,6 +2,7 @@
 
 Open loop means records are sent on a fixed schedule (``rate`` per second from the start), whether
 or not the pipeline keeps up, so measured latency includes queueing as a real source would cause it.
+Records are partitioned as Kafka's default partitioner does (murmur2 of the key).
 """
 
 from __future__ import annotations
@@ -14,11 +15,17 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
 
 from app.synthetic import TransactionGenerator
 from app.topics import ensure_topics
 
 __all__ = ["ProduceReport", "produce"]
+
+# The schedule is kept in steps of at least this long: each step's records go out as one batch per
+# partition (``send_batch``: ~4 µs per record here, against 14-16 µs for a per-record ``send``), so the
+# generator takes less of the CPU it shares with the system it measures.
+TICK_S = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,25 +66,39 @@ async def produce(
     total = int(rate * duration_s)
     sent = fraud = 0
     pending: list[asyncio.Future[object]] = []
-    started = time.monotonic()
     try:
+        count = len(await producer.partitions_for(topic))
+        partition_of: dict[bytes, int] = {}
+        started = time.monotonic()
         while sent < total:
             due = min(total, int((time.monotonic() - started) * rate) + 1)
             now_ms = int(time.time() * 1000)
+            batches: dict[int, Any] = {}
             while sent < due:
                 tx, is_fraud = next(generator)
-                pending.append(await producer.send(
-                    topic, orjson.dumps(tx), key=tx["card_id"].encode(), timestamp_ms=now_ms))
+                key = tx["card_id"].encode()
+                partition = partition_of.get(key)
+                if partition is None:
+                    partition = partition_of[key] = (murmur2(key) & 0x7FFFFFFF) % count  # Kafka's default
+                batch = batches.get(partition)
+                if batch is None:
+                    batch = batches[partition] = producer.create_batch()
+                if batch.append(key=key, value=orjson.dumps(tx), timestamp=now_ms) is None:
+                    pending.append(await producer.send_batch(batch, topic, partition=partition))
+                    batch = batches[partition] = producer.create_batch()
+                    batch.append(key=key, value=orjson.dumps(tx), timestamp=now_ms)
                 if on_sent is not None:
                     on_sent(tx, now_ms)
                 sent += 1
                 fraud += is_fraud
-            if len(pending) > 5000:
+            for partition, batch in batches.items():
+                pending.append(await producer.send_batch(batch, topic, partition=partition))
+            if len(pending) > 1000:
                 await asyncio.gather(*pending)
                 pending.clear()
             if on_progress is not None:
                 on_progress(sent, total)
-            await asyncio.sleep(max(0.001, started + sent / rate - time.monotonic()))
+            await asyncio.sleep(max(TICK_S, started + sent / rate - time.monotonic()))
         await asyncio.gather(*pending)
         await producer.flush()
     finally:

@@ -3,9 +3,9 @@
 Per pipeline mode and model, one worker process on fresh topics:
 
 1. **Saturation:** the same pre-loaded transactions (``Plan.sat_records``) wait in the input topic when the
-   worker starts; throughput is outputs over the span of their broker timestamps (first to last), so
-   start-up is excluded. A mode that has not drained them after ``Plan.sat_cap_s`` is measured on what it
-   produced by then.
+   worker starts; throughput is outputs over the span of their broker timestamps, from the 10th to the 90th
+   percentile of them, so start-up and the ramp of the first and last batches are excluded. A mode that has
+   not drained them after ``Plan.sat_cap_s`` is measured on what it produced by then.
 2. **Latency:** open-loop load (``app.loadgen``: a fixed schedule, whether or not the mode keeps up) at
    fractions of seam's (adaptive) saturation rate for this model, ``Plan.load_seconds`` each. Latency is the
    prediction's broker append time minus the input record's timestamp. Inputs still unanswered
@@ -64,7 +64,7 @@ class Plan:
     ort_models: dict[str, Path]
     modes: tuple[str, ...] = MODES
     quick: bool = False
-    sat_records: int = 50_000
+    sat_records: int = 100_000
     sat_cap_s: float = 6.0
     ceiling_records: int = 150_000
     loads: tuple[float, ...] = (0.25, 0.5, 0.8)
@@ -155,6 +155,17 @@ class Run:
         return [sys.executable, "-m", "bench.faust_app", "worker", "-l", "warn", "--without-web"], env
 
 
+
+
+def steady_rate(stamps: list[int], trim: float = 0.1) -> tuple[float, float]:
+    """Outputs per second between the ``trim`` and ``1 - trim`` quantiles of their (sorted) timestamps in ms,
+    and that span in seconds: the ramp-up after the first fetch and the tail of the last batches are left out."""
+    if len(stamps) < 2:
+        return 0.0, 0.0
+    first, last = int(len(stamps) * trim), max(int(len(stamps) * trim) + 1, int(len(stamps) * (1 - trim)) - 1)
+    last = min(last, len(stamps) - 1)
+    span_s = max(1e-3, (stamps[last] - stamps[first]) / 1000)
+    return (last - first) / span_s, span_s
 
 
 def _id_of(value: bytes) -> str:
@@ -265,10 +276,9 @@ class Bench:
         if first_seen is None:
             raise RuntimeError(f"{run.mode} produced nothing in {self.plan.start_timeout_s:.0f} s ({run.workdir})")
         outputs = await read_range(self.bootstrap, run.topic("pred"), {}, await watch.offsets())
-        stamps = [ts for ts, _ in outputs]
-        span_s = max(1e-3, (max(stamps) - min(stamps)) / 1000)
+        rate, span_s = steady_rate(sorted(ts for ts, _ in outputs))
         result: dict[str, Any] = {"saturation": {
-            "events_per_s": round((len(outputs) - 1) / span_s), "inputs": count, "outputs": len(outputs),
+            "events_per_s": round(rate), "inputs": count, "outputs": len(outputs),
             "span_s": round(span_s, 3), "drained": len(outputs) >= count}}
         if run.mode != CEILING:
             feature_log = None

@@ -10,7 +10,7 @@ import pytest
 
 from agents.codec import feature_record
 from app.synthetic import TransactionGenerator
-from bench.harness import latency_percentiles
+from bench.harness import latency_percentiles, steady_rate
 from bench.job import (
     THRESHOLD,
     compare,
@@ -97,6 +97,17 @@ def test_latency_percentiles_flag_lower_bounds() -> None:
     result = latency_percentiles(answered, [5000] * 5)
     assert result["p50_ms"] == 53
     assert result["p99_ms"] == 5000 and set(result["lower_bound"]) == {"p99", "p99.9"}
+
+
+def test_steady_rate_leaves_out_the_ramp_at_either_end() -> None:
+    # 1,000 outputs a second for 10 s, after a slow first second (a few outputs) and before a slow tail.
+    steady = list(range(1_000, 11_000))
+    stamps = sorted([0, 500, 900] + steady + [12_000, 15_000])
+    rate, span_s = steady_rate(stamps)
+    assert rate == pytest.approx(1_000, rel=0.01)
+    assert span_s == pytest.approx(8.0, rel=0.01)
+    assert steady_rate([5]) == (0.0, 0.0)
+    assert steady_rate([0, 1_000])[0] == pytest.approx(1.0)
 
 
 def test_replace_section_keeps_the_other_sections(tmp_path: Path) -> None:
