@@ -32,7 +32,7 @@ from agents.boundary import BatchResult, ModelBoundary
 from agents.checkpoint import Checkpoint
 from agents.metrics import BoundaryMetrics
 from agents.outputs import OutputProducer
-from agents.pipeline import Outputs, Pipeline, ScoringItem
+from agents.pipeline import Outputs, Pipeline, ScoringItem, Send
 from agents.runtime import ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
 from app.settings import Settings
@@ -45,6 +45,15 @@ from tables.state import WATERMARK_KEY, StateTables
 __all__ = ["ScoringService", "install"]
 
 logger = logging.getLogger(__name__)
+
+
+def _route(topic: str, to: Send, others: Send) -> Send:
+    """A send that hands ``topic``'s records to ``to`` and every other topic's to ``others``."""
+
+    def send(batch: ingest.RecordBatch, name: str, key: bytes | None, value: bytes) -> Awaitable[Awaitable[object]]:
+        return (to if name == topic else others)(batch, name, key, value)
+
+    return send
 
 
 def _age_s(item: ScoringItem) -> float:
@@ -81,6 +90,7 @@ class ScoringService(Service):
         self.metrics = BoundaryMetrics()
         self.changelog_producer: ChangelogProducer | None = None
         self.output_producer: OutputProducer | None = None
+        self.feature_log_producer: OutputProducer | None = None
         # Exactly once: outputs, state and offsets go into one transaction per input partition per commit.
         self.transactions = (
             TransactionalOutputs(bootstrap=settings.broker_bootstrap, group_id=app.conf.id,
@@ -142,10 +152,19 @@ class ScoringService(Service):
             max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
             adaptive=settings.adaptive_batching, observer=self.metrics, age_of=_age_s)
         self.metrics.model.labels(runtime.info.tag, runtime.info.provider).set(1)
-        if self.transactions is None:
+        send: Send
+        if self.transactions is not None:
+            send = self.transactions.send
+        else:
+            # The feature log (as many records as the predictions, for offline use) goes on a connection of
+            # its own, so a prediction's produce request does not carry the feature log's bytes as well.
             self.output_producer = OutputProducer(settings.broker_bootstrap)
             await self.output_producer.start()
-        send = self.transactions.send if self.transactions is not None else self.output_producer.send  # type: ignore[union-attr]
+            send = self.output_producer.send
+            if settings.feature_log_topic:
+                self.feature_log_producer = OutputProducer(settings.broker_bootstrap)
+                await self.feature_log_producer.start()
+                send = _route(settings.feature_log_topic, self.feature_log_producer.send, send)
         outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send,
                           feature_log_topic=settings.feature_log_topic or None)
         lateness_ms = int(settings.allowed_lateness_s * 1000)
@@ -176,10 +195,10 @@ class ScoringService(Service):
             await self.app.consumer.commit()
         if self.boundary is not None:
             self.boundary.close()
-        for producer in (self.output_producer, self.changelog_producer):
+        for producer in (self.output_producer, self.feature_log_producer, self.changelog_producer):
             if producer is not None:
                 await producer.stop()
-        self.output_producer = self.changelog_producer = None
+        self.output_producer = self.feature_log_producer = self.changelog_producer = None
 
     async def wait_ready(self) -> Pipeline:
         """Return the pipeline once the model is loaded."""

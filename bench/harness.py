@@ -285,8 +285,14 @@ class Bench:
             if run.mode.startswith("seam") and self.plan.seam_env.get("SEAM_FEATURE_LOG_TOPIC", "on"):
                 # seam writes features to a feature log of their own (unless it is turned off)
                 topic = run.topic("feat")
-                feature_log = feature_log_by_id(
-                    v for _, v in await read_range(self.bootstrap, topic, {}, await end_offsets(self.bootstrap, topic)))
+                ends = await end_offsets(self.bootstrap, topic)
+                deadline = time.monotonic() + 10
+                # The feature log goes on a connection of its own: its records can land a little after
+                # the predictions they belong to.
+                while sum(ends.values()) < len(outputs) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                    ends = await end_offsets(self.bootstrap, topic)
+                feature_log = feature_log_by_id(v for _, v in await read_range(self.bootstrap, topic, {}, ends))
             result["correctness"] = self.check(run.model, [v for _, v in outputs], count, feature_log)
         return result
 
