@@ -47,6 +47,7 @@ from bench.kafka import (
     read_range,
 )
 from bench.ort import BATCH_SIZES, measure_model
+from bench.promtext import Histogram, fetch, since
 
 __all__ = ["MODES", "Plan", "run_all"]
 
@@ -101,6 +102,7 @@ class Run:
     seam_env: dict[str, str] = field(default_factory=dict)
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     worker: Worker | None = None
+    web_port: int | None = None  # a seam worker's web port (its /metrics), set at each start
 
     @property
     def app_id(self) -> str:
@@ -133,12 +135,13 @@ class Run:
                     str(10**12)]
             return argv, base
         if self.mode.startswith("seam"):
+            self.web_port = free_port()
             env = base | {
                 "SEAM_BROKER_URL": f"kafka://{self.bootstrap}", "SEAM_APP_ID": self.app_id,
                 "SEAM_INPUT_TOPIC": self.topic("tx"), "SEAM_PREDICTIONS_TOPIC": self.topic("pred"),
                 "SEAM_DLQ_TOPIC": self.topic("dlq"), "SEAM_LATE_TOPIC": self.topic("late"),
-                "SEAM_FEATURE_LOG_TOPIC": self.topic("feat"),
-                "SEAM_DATA_DIR": str(data), "SEAM_WEB_PORT": str(free_port()), "SEAM_MODEL_PATH": str(self.model_path),
+                "SEAM_FEATURE_LOG_TOPIC": self.topic("feat"), "SEAM_DATA_DIR": str(data),
+                "SEAM_WEB_PORT": str(self.web_port), "SEAM_MODEL_PATH": str(self.model_path),
                 "SEAM_TOPIC_PARTITIONS": str(PARTITIONS),
                 "SEAM_ADAPTIVE_BATCHING": "false" if self.mode == "seam-fixed" else "true",
                 "SEAM_INGEST": "stream" if self.mode == "seam-stream" else "batch",
@@ -155,6 +158,40 @@ class Run:
         return [sys.executable, "-m", "bench.faust_app", "worker", "-l", "warn", "--without-web"], env
 
 
+
+
+# (name in the results, series on a worker's /metrics page): where a prediction's time goes, by stage.
+STAGES = (
+    ("end_to_end", ("seam_end_to_end_seconds", ())),
+    ("ingest", ("seam_stage_seconds", (("stage", "ingest"),))),
+    ("queue", ("seam_queue_delay_seconds", ())),
+    ("inference", ("seam_inference_seconds", ())),
+    ("delivery", ("seam_stage_seconds", (("stage", "delivery"),))),
+    ("state_writes", ("seam_state_flush_seconds", ())),
+)
+
+
+def worker_stages(observed: dict[tuple[str, tuple[tuple[str, str], ...]], Histogram]) -> dict[str, Any]:
+    """A phase's stage times from the worker's own histograms, in ms (bucket upper bounds: each is a "≤")."""
+    out: dict[str, Any] = {}
+    for name, key in STAGES:
+        series = observed.get(key)
+        if series is not None and series.count:
+            out[name] = {"p50_ms": series.quantile(0.5) * 1000, "p99_ms": series.quantile(0.99) * 1000}
+    lag = observed.get(("seam_event_loop_lag_seconds", ()))
+    if lag is not None and lag.count:
+        out["loop_lag_max_ms"] = lag.max_bound() * 1000
+    return out
+
+
+async def _metrics_page(run: Run) -> str | None:
+    """The seam worker's /metrics page now (None for the other modes, or if it does not answer)."""
+    if run.web_port is None or not run.mode.startswith("seam"):
+        return None
+    try:
+        return await asyncio.to_thread(fetch, f"http://127.0.0.1:{run.web_port}/metrics")
+    except OSError:
+        return None
 
 
 def steady_rate(stamps: list[int], trim: float = 0.1) -> tuple[float, float]:
@@ -316,6 +353,7 @@ class Bench:
         label = f"{run.mode} ({run.model}): {fraction:.0%} load, {rate:,.0f}/s"
         task = self.progress.add_task(label, total=int(rate * (self.plan.warmup_s + self.plan.load_seconds)))
         start, in_start = await watch.offsets(), await end_offsets(self.bootstrap, run.topic("tx"))
+        metrics_before = await _metrics_page(run)
         sent: dict[str, int] = {}
         # The first warmup_s seconds at this rate are not measured: the worker has just drained a backlog.
         measure_from_ms = int(time.time() * 1000 + self.plan.warmup_s * 1000)
@@ -335,6 +373,7 @@ class Bench:
             run.worker.check()
             await asyncio.sleep(0.1)
         cutoff_ms = int(time.time() * 1000)
+        metrics_after = await _metrics_page(run)
         outputs = await read_range(self.bootstrap, run.topic("pred"), start, await watch.offsets())
         # The inputs' own broker timestamps: latency starts when the input record reached Kafka.
         inputs = await read_range(self.bootstrap, run.topic("tx"), in_start,
@@ -356,6 +395,8 @@ class Bench:
                   if len(lag) else {},
                   "p99_ms_by_second": [round(float(np.percentile(v, 99)), 1) for _, v in sorted(per_second.items())],
                   **latency_percentiles(list(answered.values()), censored)}
+        if metrics_before is not None and metrics_after is not None:
+            result["worker"] = worker_stages(since(metrics_after, metrics_before))
         return result
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Histogram", "fetch", "histograms"]
+__all__ = ["Histogram", "fetch", "histograms", "since"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,13 @@ class Histogram:
             if total and cumulative >= q * total:
                 return bound
         return math.nan
+
+    def minus(self, earlier: Histogram | None) -> Histogram:
+        """What was observed after ``earlier`` (the same series read before): counts bucket by bucket."""
+        if earlier is None:
+            return self
+        before = dict(earlier.buckets)
+        return Histogram(tuple((bound, count - before.get(bound, 0.0)) for bound, count in self.buckets))
 
     def max_bound(self) -> float:
         """The upper bound of the highest bucket with observations: the largest value is at most this."""
@@ -57,3 +64,9 @@ def histograms(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], Histo
             labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
             series.setdefault((family.name, labels), []).append((float(sample.labels["le"]), sample.value))
     return {key: Histogram(tuple(sorted(points))) for key, points in series.items()}
+
+
+def since(after: str, before: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], Histogram]:
+    """Every histogram series of the page ``after``, less what the earlier page ``before`` had observed."""
+    earlier = histograms(before)
+    return {key: series.minus(earlier.get(key)) for key, series in histograms(after).items()}

@@ -201,6 +201,30 @@ def _fmt_latency(point: dict[str, Any], name: str) -> str:
     return ("≥ " if name in point["lower_bound"] else "") + f"{value:,.1f}"
 
 
+def _stages(results: dict[str, Any]) -> list[str]:
+    """Where the time went in each seam mode's latency phases, from the worker's own /metrics."""
+    rows = [(model, mode, point) for model, modes in results["modes"].items() for mode, entry in modes.items()
+            for point in entry.get("latency") or [] if point.get("worker")]
+    if not rows:
+        return []
+    names = ("end_to_end", "ingest", "queue", "inference", "delivery", "state_writes")
+    lines = ["### Where the time goes, by stage", "",
+             "From each seam worker's own histograms over each latency phase (`GET /metrics`, the "
+             "difference between a read before and after the phase). Values are bucket upper bounds: p99 "
+             "≤ the value shown. End to end runs from the input's broker timestamp to the prediction's "
+             "acknowledgement; ingest to the boundary; queue and inference at the boundary; delivery from "
+             "a batch's send to its acknowledgement; state writes per write behind.", "",
+             "| model | mode | load | offered/s | " + " | ".join(f"{n.replace('_', ' ')} p99 ms" for n in names)
+             + " | event-loop lag max ms |", "|---|---|---:|---:|" + "---:|" * (len(names) + 1)]
+    for model, mode, point in rows:
+        stages = point["worker"]
+        cells = [f"{stages[n]['p99_ms']:,.1f}" if n in stages else "–" for n in names]
+        lag = stages.get("loop_lag_max_ms")
+        lines.append(f"| {model} | {LABELS.get(mode, mode)} | {point['load']:.0%} | {point['offered_per_s']:,} | "
+                     + " | ".join(cells) + f" | {'–' if lag is None else f'{lag:,.1f}'} |")
+    return [*lines, ""]
+
+
 def markdown(results: dict[str, Any], image_dir: Path | None = None, doc_dir: Path | None = None) -> str:
     """The "End to end" section: command, machine, throughput and latency tables, targets, plots."""
     m, plan = results["machine"], results["plan"]
@@ -245,6 +269,7 @@ def markdown(results: dict[str, Any], image_dir: Path | None = None, doc_dir: Pa
                              + " | ".join(_fmt_latency(point, n) for n in ("p50", "p95", "p99", "p99.9"))
                              + f" | {point['unanswered']:,} |")
         lines.append("")
+    lines += _stages(results)
     lines += ["### Targets", "", "| target | measured | met |", "|---|---|:---:|"]
     lines += [f"| {t['target']} | {t['detail']} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]
     lines += ["", "### ONNX Runtime alone (ceiling B)", "", "| batch | " + " | ".join(

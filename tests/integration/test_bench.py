@@ -46,6 +46,10 @@ def test_quick_bench_runs_every_mode_with_identical_predictions(kafka_bootstrap:
         if not overloaded:
             assert phase["sent"] > 0 and phase["answered"] > 0 and "p99_ms" in phase, (mode, phase)
     assert not modes["seam-adaptive"]["latency"][0].get("overloaded")
+    # seam's own stage times for the phase, read from the worker's /metrics before and after it
+    stages = modes["seam-adaptive"]["latency"][0]["worker"]
+    assert {"end_to_end", "ingest", "queue", "inference", "delivery"} <= set(stages), stages
+    assert stages["end_to_end"]["p99_ms"] >= stages["queue"]["p50_ms"] > 0, stages
     ceiling = results["ceiling_a"]
     assert ceiling["saturation"]["outputs"] == results["plan"]["ceiling_records"]
     assert ceiling["latency"][0]["answered"] > 0
@@ -63,3 +67,4 @@ def test_quick_bench_runs_every_mode_with_identical_predictions(kafka_bootstrap:
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nintro\n\n## Ingestion\n\nkept\n")
     assert "## End to end" in text and "| seam adaptive |" in text and "bench-p99.png" in text
+    assert "### Where the time goes, by stage" in text

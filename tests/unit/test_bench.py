@@ -10,7 +10,7 @@ import pytest
 
 from agents.codec import feature_record
 from app.synthetic import TransactionGenerator
-from bench.harness import latency_percentiles, steady_rate
+from bench.harness import latency_percentiles, steady_rate, worker_stages
 from bench.job import (
     THRESHOLD,
     compare,
@@ -133,3 +133,22 @@ def test_histograms_are_read_back_from_a_metrics_page() -> None:
     assert read.count == 100
     assert read.quantile(0.5) == 0.01 and read.quantile(0.99) == 0.1
     assert read.max_bound() == 0.1
+
+
+def test_a_phase_is_what_a_histogram_observed_between_two_reads() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from bench.promtext import since
+
+    registry = CollectorRegistry()
+    lag = Histogram("seam_event_loop_lag_seconds", "x", buckets=(0.01, 0.05, 0.1), registry=registry)
+    for value in [0.08] * 10:
+        lag.observe(value)
+    before = generate_latest(registry).decode()
+    for value in [0.005] * 99 + [0.03]:
+        lag.observe(value)
+    observed = since(generate_latest(registry).decode(), before)
+    phase = observed[("seam_event_loop_lag_seconds", ())]
+    assert phase.count == 100
+    assert phase.max_bound() == 0.05 and phase.quantile(0.5) == 0.01
+    assert worker_stages(observed) == {"loop_lag_max_ms": 50.0}
