@@ -64,7 +64,8 @@ class ScoringItem:
     state_epoch: int
 
 
-HANDLE_STEP_S = 0.002  # the most work a batch's handling does in one event-loop turn (checked per 64 records)
+HANDLE_STEP_S = 0.002  # the most handling work in one event-loop turn, across batches (checked per 16 records)
+HANDLE_CHECK_EVERY = 16
 
 
 def _now_ms() -> int:
@@ -95,6 +96,10 @@ class Pipeline:
         self._on_delivery_failure = on_delivery_failure
         self._write_through = write_through
         self._pending: set[asyncio.Future[Any]] = set()  # outputs sent, not yet delivered
+        # One step's budget spans batches: a fetch of many partitions hands over one batch each, and
+        # batches of a few dozen records each would otherwise never yield (a whole fetch in one turn).
+        self._step_started = time.perf_counter()
+        self._unchecked = 0
 
     def forget_partitions(self) -> None:
         """Drop cached state and watermarks (after a rebalance the partitions may belong to others)."""
@@ -111,16 +116,18 @@ class Pipeline:
                 ingest.observe(max(0.0, now_ms - record.timestamp) / 1000)
         watermark = cache.watermark(partition)
         items: list[tuple[tuple[float, ...], ScoringItem]] = []
-        step_started = time.perf_counter()
-        for index, record in enumerate(batch.records):
-            if index % 64 == 63 and time.perf_counter() - step_started > HANDLE_STEP_S:
-                # A fetch can hold thousands of records: hand over what is ready and let the
-                # boundary and the deliveries run, instead of holding the loop for the whole fetch.
-                if items:
-                    await self._boundary.submit_many(items)
-                    items = []
-                await asyncio.sleep(0)
-                step_started = time.perf_counter()
+        for record in batch.records:
+            self._unchecked += 1
+            if self._unchecked >= HANDLE_CHECK_EVERY:
+                self._unchecked = 0
+                if time.perf_counter() - self._step_started > HANDLE_STEP_S:
+                    # A fetch can hold thousands of records: hand over what is ready and let the
+                    # boundary and the deliveries run, instead of holding the loop for the whole fetch.
+                    if items:
+                        await self._boundary.submit_many(items)
+                        items = []
+                    await asyncio.sleep(0)
+                    self._step_started = time.perf_counter()
             tx = decode_transaction(record.value, self._max_record_bytes)
             if isinstance(tx, Invalid):
                 await self._route(batch, record, "dead_letter", self._outputs.dlq_topic, dead_letter(

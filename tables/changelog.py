@@ -138,7 +138,9 @@ class ChangelogWriter:
                 offsets = await asyncio.gather(*(
                     self._send(topic, partition, [(key, value) for _t, _p, key, value in group])
                     for partition, group in partitions.items()))
-                for group, group_offsets in zip(partitions.values(), offsets, strict=True):
+                for index, (group, group_offsets) in enumerate(zip(partitions.values(), offsets, strict=True)):
+                    if index:
+                        await asyncio.sleep(0)  # one partition's RocksDB write per event-loop turn
                     store(group, self._scope)
                     persist_offsets(group, group_offsets)
         except BaseException as exc:
