@@ -12,7 +12,8 @@ Per pipeline mode and model, one worker process on fresh topics:
    ``Plan.drain_cap_s`` after the load stops count at their age then, as lower bounds.
 
 A backlog left by a mode that could not keep up is deleted from the input topic (``delete_records``) before
-the next phase, so each phase starts from an empty queue.
+the next phase, so each phase starts from an empty queue. A run's topics are deleted when it ends, so every
+mode meets a broker holding the same topics.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from bench.job import Expected, compare, feature_log_by_id, load_model, referenc
 from bench.kafka import (
     PARTITIONS,
     OffsetWatch,
+    delete_topics,
     drop_backlog,
     end_offsets,
     produce_inputs,
@@ -275,6 +277,7 @@ class Bench:
                     backlog = point["unanswered"] > 0
         finally:
             run.stop()
+            await delete_topics(self.bootstrap, run.suffix)
         result["wall_s"] = round(time.monotonic() - started, 1)
         return result
 
