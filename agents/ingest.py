@@ -119,6 +119,8 @@ OffsetCommitter = Callable[[Mapping[TP, int]], Awaitable[bool]]
 AssignmentPreparer = Callable[[set[TP]], Awaitable[None]]
 REVOKE_FLUSH_TIMEOUT_S = 10.0
 STOP_COMMIT_TIMEOUT_S = 5.0
+# A hole this large in the offsets handed over is not transaction markers: worth a warning (see _deliver_batch_now).
+LARGE_GAP = 100
 
 
 class SkipCommit(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -405,7 +407,7 @@ class BatchConsumer(FaustConsumer):
                     continue
                 dropped: dict[TP, tuple[int, int]] = {}
                 if not self.flow_active:
-                    self._not_handed_on(dropped, records.items())
+                    self._not_handed_on(dropped, records.items(), inputs=False)
                     await self.perform_seek()  # as Faust's getmany: re-read from committed offsets
                     await self._rewind(dropped)  # and changelogs, which have none, from these records
                     continue
@@ -485,6 +487,10 @@ class BatchConsumer(FaustConsumer):
             if expected is not None and record.offset > expected:
                 # Offsets the broker skipped (transaction markers, compaction) count as acknowledged.
                 # Unlike Faust's own loop, the gap ends before this record: it is not acked yet.
+                if record.offset - expected >= LARGE_GAP:
+                    logger.warning("%s[%d]: offsets %d-%d were not returned by the broker; taken as skipped "
+                                   "(transaction markers, compaction)", tp.topic, tp.partition, expected,
+                                   record.offset - 1)
                 self.acks.gap(tp, expected, record.offset - 1, committed)
             fresh.append(record)
             expected = record.offset + 1
@@ -501,18 +507,23 @@ class BatchConsumer(FaustConsumer):
             logger.exception("batch handler failed on %r; the batch is not acknowledged", batch)
             raise
 
-    def _not_handed_on(self, dropped: dict[TP, tuple[int, int]], fetched: Iterable[tuple[TP, list[Any]]]) -> None:
+    def _not_handed_on(self, dropped: dict[TP, tuple[int, int]], fetched: Iterable[tuple[TP, list[Any]]], *,
+                       inputs: bool = True) -> None:
         # Faust's loop drops what a rebalance interrupts and seeks back to the committed offsets, but
         # a changelog has none: the fetcher would stay past records a restore then never receives (a
-        # card restored without them). Those are sought back to (see app.faust_compat.rewind).
+        # card restored without them). An input partition dropped without that seek (fetched while it
+        # was not yet active, or in a generation that ended) would stay past them as well, and its next
+        # records would start after a hole that the acknowledgement ledger takes for offsets the broker
+        # skipped: committed, never scored. Both are sought back to (see app.faust_compat.rewind);
+        # ``inputs=False`` where Faust's seek to the committed offsets follows anyway.
         for tp, tp_records in fetched:
-            if tp_records and self._is_changelog_tp(tp):
+            if tp_records and (inputs or self._is_changelog_tp(tp)):
                 dropped[tp] = (tp_records[0].offset, tp_records[-1].offset)
 
     async def _rewind(self, dropped: Mapping[TP, tuple[int, int]]) -> None:
         if dropped:
             self.rewinds += 1  # first: a restore that read the position before must not count on it
-            logger.info("changelog records a rebalance interrupted are fetched again: %s",
+            logger.info("records a rebalance interrupted are fetched again: %s",
                         ", ".join(f"{tp.topic}[{tp.partition}] from {first}" for tp, (first, _) in dropped.items()))
             await rewind(self, dropped)
 

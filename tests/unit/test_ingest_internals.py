@@ -402,6 +402,37 @@ async def test_changelog_records_a_suspension_interrupts_are_sought_back(
     assert rewinds == [{changelog: (12, 14)}]
 
 
+async def test_input_records_dropped_without_faust_seeking_back_are_sought_back(
+        consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch,
+        rewinds: list[dict[TP, tuple[int, int]]]) -> None:
+    """An input partition fetched while it is not yet active (newly assigned, its state restoring):
+    its records are dropped. Left past them, the fetcher's next records began after a hole, which the
+    acknowledgement ledger took for offsets the broker skipped: a takeover committed 1,741 inputs of
+    one partition (offsets 2640-4380) that were never scored."""
+    source, ready = TP("t", 3), TP("t", 0)
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+    rounds = 0
+    handed: list[TP] = []
+
+    async def next_records(timeout: float) -> tuple[dict[TP, list[object]], set[TP]]:
+        nonlocal rounds
+        rounds += 1
+        if rounds > 1:
+            fetcher._stopped.set()
+            return {}, set()
+        return {source: _records(source, 2640, 3), ready: _records(ready, 7, 2)}, {ready}
+
+    async def deliver_batch(tp: TP, tp_records: list[object], handler: object) -> None:
+        handed.append(tp)
+
+    monkeypatch.setattr(consumer, "_wait_next_records", next_records)
+    monkeypatch.setattr(consumer, "_deliver_batch", deliver_batch)
+    monkeypatch.setattr(consumer.ingestion, "handlers", {"t": object()})
+    await consumer._drain_messages(fetcher)
+    assert handed == [ready]
+    assert rewinds == [{source: (2640, 2642)}]
+
+
 async def test_a_round_that_handed_everything_on_seeks_nothing(
         consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch,
         rewinds: list[dict[TP, tuple[int, int]]]) -> None:
