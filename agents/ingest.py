@@ -521,6 +521,10 @@ class BatchConsumer(FaustConsumer):
                 dropped[tp] = (tp_records[0].offset, tp_records[-1].offset)
 
     async def _rewind(self, dropped: Mapping[TP, tuple[int, int]]) -> None:
+        if self.should_stop or self.app.should_stop:
+            # Stopping: nothing here reads these records again (the next owner starts from the committed
+            # offsets), and the consumer thread may be gone, so a seek through it would never return.
+            return
         if dropped:
             self.rewinds += 1  # first: a restore that read the position before must not count on it
             logger.info("records a rebalance interrupted are fetched again: %s",

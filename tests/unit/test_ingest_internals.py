@@ -433,6 +433,18 @@ async def test_input_records_dropped_without_faust_seeking_back_are_sought_back(
     assert rewinds == [{source: (2640, 2642)}]
 
 
+async def test_a_stopping_worker_seeks_nothing_back(
+        consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch,
+        rewinds: list[dict[TP, tuple[int, int]]]) -> None:
+    """A SIGTERM during a rebalance: the seek would go through a consumer thread that may be gone (the
+    worker hung, still running 40 s after the signal); the next owner reads from the committed offsets."""
+    changelog = TP("changelog", 2)
+    monkeypatch.setattr(type(consumer.app), "should_stop", property(lambda app: True))
+    consumer.flow_active = False
+    await _one_round(consumer, monkeypatch, {changelog: _records(changelog, 0, 5)})
+    assert rewinds == [] and consumer.rewinds == 0
+
+
 async def test_a_round_that_handed_everything_on_seeks_nothing(
         consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch,
         rewinds: list[dict[TP, tuple[int, int]]]) -> None:
