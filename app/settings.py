@@ -75,7 +75,9 @@ class Settings:
     # The boundary's own latency budget per item: queueing plus inference.
     sla_ms: float = 50.0
     adaptive_batching: bool = True
-    inference_threads: int = 0
+    # ONNX Runtime's intra-op threads per inference call (0: one per core). One: the worker already
+    # runs its event loop, Kafka client and inference thread on these cores, and scales by replicas.
+    inference_threads: int = 1
     fraud_threshold: float = 0.5
     # Event time.
     allowed_lateness_s: float = 60.0
@@ -104,6 +106,8 @@ class Settings:
         if self.max_inflight_batches < 1:
             raise SettingsError(
                 f"SEAM_MAX_INFLIGHT_BATCHES must be >= 1, got {self.max_inflight_batches}")
+        if self.inference_threads < 0:
+            raise SettingsError(f"SEAM_INFERENCE_THREADS must be >= 0, got {self.inference_threads}")
         if self.ingest not in {"batch", "stream"}:
             raise SettingsError(f"SEAM_INGEST must be batch or stream, got {self.ingest!r}")
         if self.processing_guarantee not in {"at_least_once", "exactly_once"}:

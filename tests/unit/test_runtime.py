@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from agents.runtime import DeviceUnavailableError, ModelContractError, ModelRuntime
+from agents.runtime import DeviceUnavailableError, ModelContractError, ModelRuntime, open_session
 from tables.features import DEFAULT_SPEC, FeatureSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +117,15 @@ def test_threads_option_is_accepted() -> None:
     """An explicit intra-op thread count still gives a working session."""
     runtime = ModelRuntime.load(MODEL, feature_names=NAMES, device="cpu", threads=1)
     assert runtime.predict(features(2)).shape == (2,)
+
+
+@pytest.mark.parametrize("threads", [0, 1, 2])
+def test_sessions_never_spin_wait_and_use_one_thread_by_default(threads: int) -> None:
+    """ONNX Runtime's pool threads must not spin between calls: they would take the worker's cores."""
+    options = open_session(MODEL, "cpu", threads).get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+    assert open_session(MODEL, "cpu").get_session_options().intra_op_num_threads == 1
 
 
 # --- predict --------------------------------------------------------------------------------------

@@ -134,6 +134,7 @@ def test_settings_error_is_a_value_error() -> None:
         ("SEAM_MAX_WAIT_MS", "-1"),
         ("SEAM_MAX_WAIT_MS", ""),
         ("SEAM_MAX_INFLIGHT_BATCHES", "0"),
+        ("SEAM_INFERENCE_THREADS", "-1"),
         ("SEAM_FRAUD_THRESHOLD", "1.5"),
         ("SEAM_FRAUD_THRESHOLD", "-0.1"),
         ("SEAM_FRAUD_THRESHOLD", "nan"),
