@@ -47,6 +47,7 @@ Items leave in arrival order, so predictions for one card leave in the order its
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -161,6 +162,16 @@ class Batcher(Generic[T]):
         self._queue.append(Pending(item, now, deadline))
         if self.adaptive:
             self.rate.observe(now)
+
+    def add_many(self, items: Sequence[T], now: float, deadlines: Sequence[float] | None = None) -> None:
+        """Queue ``items``, all arrived at ``now``, each by its deadline (default: ``now`` + the SLA)."""
+        if deadlines is None:
+            default = now + self.sla_s if self.sla_s is not None else float("inf")
+            self._queue.extend(Pending(item, now, default) for item in items)
+        else:
+            self._queue.extend(Pending(item, now, deadline) for item, deadline in zip(items, deadlines, strict=True))
+        if self.adaptive:
+            self.rate.observe(now, len(items))
 
     def target_size(self) -> int:
         """How many waiting items release a batch at once (see the module docstring)."""

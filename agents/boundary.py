@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -140,30 +140,41 @@ class ModelBoundary(Generic[T]):
 
     async def submit(self, features: Sequence[float], item: T) -> None:
         """Queue one feature vector; waits while the boundary is full."""
-        while len(self.batcher) >= self._capacity:
+        await self.submit_many(((features, item),))
+
+    async def submit_many(self, items: Sequence[tuple[Sequence[float], T]]) -> None:
+        """Queue feature vectors in order; waits whenever the boundary is full.
+
+        As many as fit go in at once: one arrival-rate observation and one release decision for all
+        of them (a fetch hands over a few dozen to hundreds at a time).
+        """
+        start, batcher = 0, self.batcher
+        while start < len(items):
+            while len(batcher) >= self._capacity:
+                self._raise_failure()
+                self._space.clear()
+                await self._space.wait()
             self._raise_failure()
-            self._space.clear()
-            await self._space.wait()
-        self._raise_failure()
+            end = min(len(items), start + self._capacity - len(batcher))
+            self._add(items[start:end])
+            start = end
+
+    def _add(self, items: Sequence[tuple[Sequence[float], T]]) -> None:
         batcher = self.batcher
+        was_empty = not len(batcher)
         now = self._clock()
-        deadline = None
         if self._age_of is not None and batcher.sla_s is not None:
-            deadline = now + batcher.sla_s - self._age_of(item)
-        batcher.add((features, item), now, deadline)
-        size = len(batcher)
-        if size == 1 or size >= batcher.target_size():
+            age_of, sla_s = self._age_of, batcher.sla_s
+            batcher.add_many(items, now, [now + sla_s - age_of(item) for _features, item in items])
+        else:
+            batcher.add_many(items, now)
+        if was_empty or len(batcher) >= batcher.target_size():
             self._wakeup.set()
         elif batcher.sla_s is not None:
             # A bigger batch takes longer to run, so its deadline release moves earlier.
             due = batcher.due_at(idle=self._running == 0)
             if due is not None and due < self._sleep_until:
                 self._wakeup.set()
-
-    async def submit_many(self, items: Iterable[tuple[Sequence[float], T]]) -> None:
-        """Queue feature vectors in order; waits whenever the boundary is full."""
-        for features, item in items:
-            await self.submit(features, item)
 
     async def run(self) -> None:
         """Dispatch batches until cancelled; raises if delivering a batch failed."""

@@ -111,9 +111,9 @@ class Pipeline:
         metrics = self._metrics
         if metrics is not None:
             metrics.events_in.inc(len(batch.records))
-            now_ms, ingest = time.time() * 1000, metrics.stage.labels("ingest")
-            for record in batch.records:
-                ingest.observe(max(0.0, now_ms - record.timestamp) / 1000)
+            now_ms = time.time() * 1000
+            metrics.stage.labels("ingest").observe_many(
+                max(0.0, now_ms - record.timestamp) / 1000 for record in batch.records)
         watermark = cache.watermark(partition)
         items: list[tuple[tuple[float, ...], ScoringItem]] = []
         for record in batch.records:
@@ -230,9 +230,8 @@ class Pipeline:
             if failed:
                 metrics.events_out.labels("dead_letter").inc(failed)
             metrics.stage.labels("delivery").observe(time.perf_counter() - sent_at)
-            now_ms, end_to_end = time.time() * 1000, metrics.end_to_end
-            for item in result.items:
-                end_to_end.observe(max(0.0, now_ms - item.record.timestamp) / 1000)
+            now_ms = time.time() * 1000
+            metrics.end_to_end.observe_many(max(0.0, now_ms - item.record.timestamp) / 1000 for item in result.items)
         acks = [(item.batch, item.record.offset) for item in result.items]
         self.cache.ack_when_flushed(max(item.state_epoch for item in result.items), lambda: _ack(acks))
 

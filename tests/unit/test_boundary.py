@@ -1028,3 +1028,19 @@ async def test_stats_recent_windows_follow_batches(harness: MakeHarness) -> None
     assert list(stats.recent_queue_ms) == pytest.approx([2.0, 0.0, 0.0, 0.0])
     assert stats.as_dict()["recent_mean_batch_size"] == 2.0
     assert stats.as_dict()["recent_queue_ms_p99"] == pytest.approx(2.0)
+
+
+async def test_a_handed_over_fetch_is_one_arrival_of_many_for_the_rate() -> None:
+    """submit_many queues a fetch's rows together: 100 rows every 10 ms is 10,000/s, not "simultaneous"."""
+    now = [0.0]
+    boundary: ModelBoundary[int] = ModelBoundary(
+        tenth_of_first, Collector(), max_batch_size=512, max_wait_ms=5, sla_ms=50, adaptive=True,
+        clock=lambda: now[0])
+    try:
+        for step in range(5):
+            now[0] = step * 0.010
+            await boundary.submit_many([([float(i)], step * 100 + i) for i in range(100)])
+        assert boundary.batcher.rate.rate() == pytest.approx(10_000)
+        assert boundary.waiting == 500
+    finally:
+        boundary.close()
