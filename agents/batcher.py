@@ -18,7 +18,8 @@ Adaptive mode (on by default in a worker) chooses the size target from two onlin
 * the inference time as a function of batch size, ``t̂(n) = a + b·n``, fitted by exponentially
   weighted least squares over recent batches (:class:`LatencyModel`);
 * the arrival rate ``λ``, an exponentially weighted average of inter-arrival gaps
-  (:class:`RateEstimator`).
+  (:class:`RateEstimator`); items added together (:meth:`Batcher.add_many`, a fetch's rows) are
+  one observation of ``n`` arrivals over the time since the previous one.
 
 Adaptive release is work-conserving:
 
