@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import functools
 import sys
 import time
@@ -284,21 +283,17 @@ class Bench:
         return result
 
     async def warm_up(self, model: str) -> None:
-        """An unmeasured seam run (20,000 inputs, then one short load phase) before the measured ones.
+        """An unmeasured seam run, the same as the measured ones, before them.
 
-        The first run on a freshly started broker pays for its warm-up (the group coordinator's offsets
-        topic, the JVM compiling its fetch and produce paths): measured on the same build, a first phase
-        at 6,500 inputs/s had a p99 of 89 ms, the same phase run next 29 ms. seam adaptive runs first
-        (its saturation sets the load levels), so it alone would pay.
+        The first runs on a freshly started broker pay for its warm-up (the group coordinator's
+        offsets topic, the JVM compiling its fetch and produce paths at the rates it meets). seam
+        adaptive runs first (its saturation sets the load levels), so it alone would pay. A short
+        warm-up (20,000 inputs, one 3 s phase at a quarter of the load) was not enough: run next,
+        adaptive's p99 was 64 / 124 / 1,572 ms at 25 / 50 / 80 % load, and the same build run again
+        after fixed bounds 40 / 84 / 350 ms (fixed bounds in between: 43 / 104 / 1,118 ms).
         """
-        measured = self.plan
-        self.plan = dataclasses.replace(measured, sat_records=min(20_000, measured.sat_records), loads=(0.25,),
-                                        load_seconds=3.0)
-        try:
-            await self.mode("seam-adaptive", model, f"seam-adaptive/{model}")
-        finally:
-            self.plan = measured
-            self.saturation.pop(f"seam-adaptive/{model}", None)
+        await self.mode("seam-adaptive", model, f"seam-adaptive/{model}")
+        self.saturation.pop(f"seam-adaptive/{model}", None)
 
     async def _restart(self, run: Run, watch: OffsetWatch, generator: TransactionGenerator) -> None:
         """Start the next phase from an empty queue: delete the backlog, restart the worker, wait for it."""

@@ -163,8 +163,8 @@ record). Every mode computes the features with `tables/features.py` and writes s
 - **Saturation:** {sat_records:,} transactions (synthetic, {cards:,} cards) wait in the input topic when the
   worker starts (ceiling A: {ceiling_records:,}). events/s = outputs over the span of their broker
   timestamps from the 10th to the 90th percentile, so start-up and the ramp at either end are excluded; a
-  mode still busy after {sat_cap_s:g} s is measured on what it produced by then. An unmeasured seam run
-  (20,000 inputs and one short load phase) comes first, so no mode pays for the freshly started broker's
+  mode still busy after {sat_cap_s:g} s is measured on what it produced by then. An unmeasured seam adaptive
+  run, the same as the measured one, comes first, so no mode pays for the freshly started broker's
   warm-up, and each run's topics are deleted when it ends.
 - **Latency:** open-loop load (`app/loadgen.py`: a fixed schedule whether or not the mode keeps up) at
   {loads_pct} of seam adaptive's saturation rate for that model, {warmup_s:g} s of warm-up then {load_seconds:g} s
