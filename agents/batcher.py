@@ -158,11 +158,7 @@ class Batcher(Generic[T]):
 
     def add(self, item: T, now: float, deadline: float | None = None) -> None:
         """Queue ``item``, arrived at ``now``, to be scored by ``deadline`` (default: ``now`` + the SLA)."""
-        if deadline is None:
-            deadline = now + self.sla_s if self.sla_s is not None else float("inf")
-        self._queue.append(Pending(item, now, deadline))
-        if self.adaptive:
-            self.rate.observe(now)
+        self.add_many((item,), now, None if deadline is None else (deadline,))
 
     def add_many(self, items: Sequence[T], now: float, deadlines: Sequence[float] | None = None) -> None:
         """Queue ``items``, all arrived at ``now``, each by its deadline (default: ``now`` + the SLA)."""

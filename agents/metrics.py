@@ -9,6 +9,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 __all__ = ["BatchHistogram", "BoundaryMetrics"]
 
@@ -55,7 +56,7 @@ class BatchHistogram(Collector):
 
     def __init__(self, name: str, documentation: str, *, buckets: Sequence[float],
                  labelnames: Sequence[str] = (), registry: CollectorRegistry | None = None) -> None:
-        self._name = name.removesuffix("_total")
+        self._name = name
         self._documentation = documentation
         self._bounds = np.asarray(sorted(float(b) for b in buckets), dtype=np.float64)
         self._labelnames = tuple(labelnames)
@@ -85,15 +86,11 @@ class BatchHistogram(Collector):
     def collect(self) -> Iterator[HistogramMetricFamily]:
         """The exposition: cumulative buckets, count and sum per label set."""
         family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
-        edges = [*(_le(b) for b in self._bounds), "+Inf"]
+        edges = [*(floatToGoString(b) for b in self._bounds.tolist()), "+Inf"]
         for values, series in self._series.items():
             cumulative = np.cumsum(series.counts).tolist()
             family.add_metric(list(values), list(zip(edges, cumulative, strict=True)), series.total)
         yield family
-
-
-def _le(bound: float) -> str:
-    return repr(float(bound))  # as prometheus-client writes its own bounds: 0.005, 1.0
 
 
 class BoundaryMetrics:
