@@ -7,7 +7,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install kafka-jars kafka-up kafka-down kafka-status demo test unit integration lint model bench-model bench bench-ingest clean
+.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool system-tools demo test unit integration lint model bench-model bench bench-ingest clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	@touch $@
 
-kafka-jars:  ## Fetch Apache Kafka's jars from Maven Central (once) into .cache/kafka.
+kafka-jars:  ## Fetch Apache Kafka's jars and command-line tools from Maven Central (once) into .cache/kafka.
 	@$(PYTHON) scripts/kafka_local.py fetch
 
 kafka-up: kafka-jars  ## Start a local single-node broker on 127.0.0.1:$KAFKA_PORT (idempotent).
@@ -33,16 +33,22 @@ kafka-down:  ## Stop the local broker started by kafka-up.
 kafka-status:  ## Say whether the local broker runs.
 	@$(PYTHON) scripts/kafka_local.py status
 
+kafka-tool: kafka-jars  ## Kafka's own tools: make kafka-tool ARGS="kafka-consumer-groups --describe --group seam"
+	@$(PYTHON) scripts/kafka_local.py tool $(ARGS)
+
+system-tools:  ## Install Chromium, chromedriver and Prometheus (Debian packages) for the tests, where possible.
+	@bash scripts/system_tools.sh
+
 demo: install kafka-jars  ## Start a broker and a worker, score ~30 s of live transactions, stop both.
 	$(PY) scripts/demo.py
 
-test: install kafka-jars  ## Run unit and integration tests (starts and stops its own broker).
+test: install kafka-jars system-tools  ## Run unit and integration tests (starts and stops its own broker).
 	$(PY) -m pytest
 
 unit: install  ## Run the unit tests only (no broker).
 	$(PY) -m pytest tests/unit
 
-integration: install kafka-jars  ## Run the integration tests only.
+integration: install kafka-jars system-tools  ## Run the integration tests only.
 	$(PY) -m pytest tests/integration
 
 lint: install  ## ruff and mypy.

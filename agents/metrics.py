@@ -94,26 +94,40 @@ class BatchHistogram(Collector):
 
 
 class BoundaryMetrics:
-    """One registry per worker; the boundary reports each batch, the pipeline its records."""
+    """One registry per worker; the boundary reports each batch, the pipeline its records.
+
+    The model's metrics carry the model's ``model`` and ``version`` labels once :meth:`bind_model`
+    has named it (the boundary reports no batch before that).
+    """
+
+    MODEL_LABELS = ("model", "version")
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.batch_size = Histogram("seam_batch_size", "Rows per model batch.", buckets=_SIZE_BUCKETS, registry=r)
+        r, model = self.registry, self.MODEL_LABELS
+        self.batch_size = Histogram("seam_batch_size", "Rows per model batch.", model, buckets=_SIZE_BUCKETS,
+                                    registry=r)
         self.queue_delay = BatchHistogram("seam_queue_delay_seconds", "Time an item waited at the boundary.",
-                                          buckets=_SECONDS_BUCKETS, registry=r)
-        self.inference = Histogram("seam_inference_seconds", "Model time per batch.", buckets=_SECONDS_BUCKETS,
-                                   registry=r)
+                                          buckets=_SECONDS_BUCKETS, labelnames=model, registry=r)
+        self.inference = Histogram("seam_inference_seconds", "Model time per batch.", model,
+                                   buckets=_SECONDS_BUCKETS, registry=r)
         self.deadline_misses = Counter(
             "seam_deadline_misses", "Items scored after their SLA deadline, by where it was lost: ingest (already "
-            "late when it reached the boundary) or boundary (queue, inference, delivery order).", ["stage"],
-            registry=r)
-        self.failed_rows = Counter("seam_inference_failed_rows", "Rows isolated as failing inference.", registry=r)
+            "late when it reached the boundary) or boundary (queue, inference, delivery order).",
+            ["stage", *model], registry=r)
+        self.failed_rows = Counter("seam_inference_failed_rows", "Rows isolated as failing inference.", model,
+                                   registry=r)
+        self.batch_target = Gauge("seam_adaptive_batch_target", "Current batch size target.", model, registry=r)
+        self.model = Gauge("seam_model_info", "The model served (1) and the provider it really runs on.",
+                           [*model, "provider"], registry=r)
+        self.sla = Gauge("seam_sla_seconds", "The boundary's latency budget per record (SEAM_SLA_MS).", registry=r)
         self.events_in = Counter("seam_events_in", "Input records handled.", registry=r)
-        self.events_out = Counter("seam_events_out", "Output records delivered.", ["topic_kind"], registry=r)
-        self.batch_target = Gauge("seam_adaptive_batch_target", "Current batch size target.", registry=r)
-        self.model = Gauge("seam_model_info", "The model served and the provider it runs on.",
-                           ["model", "provider"], registry=r)
+        self.events_out = Counter("seam_events_out", "Output records delivered, by kind and topic.",
+                                  ["topic_kind", "topic"], registry=r)
+        self.dead_letters = Counter("seam_dead_letters", "Records sent to the dead-letter topic, by reason.",
+                                    ["reason"], registry=r)
+        self.late_records = Counter("seam_late_records", "Records behind their partition's watermark, sent to the "
+                                    "late topic, by input partition.", ["partition"], registry=r)
         self.end_to_end = BatchHistogram(
             "seam_end_to_end_seconds", "Input record's broker timestamp to its prediction acknowledged by the broker.",
             buckets=_LATENCY_BUCKETS, registry=r)
@@ -128,20 +142,39 @@ class BoundaryMetrics:
         self.state_writes = Counter("seam_state_writes", "Changelog records written by state flushes.", registry=r)
         self.commit = Histogram("seam_commit_seconds", "Offset commits, state flush included.",
                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.rebalances = Counter("seam_rebalances", "Consumer group rebalances this worker took part in.",
+                                  registry=r)
+        self.rebalance = Histogram("seam_rebalance_seconds", "From partitions revoked to the new assignment "
+                                   "handled (its state restore is seam_restore_remaining_records).",
+                                   buckets=_LATENCY_BUCKETS, registry=r)
         self.cached_cards = Gauge("seam_state_cached_cards", "Card states held in memory.", registry=r)
         self.cached_events = Gauge("seam_state_cached_events", "Events held in the card states in memory.",
                                    registry=r)
+        self._model: tuple[str, str] | None = None
+
+    def bind_model(self, name: str, version: str, provider: str) -> None:
+        """Name the model whose batches :meth:`on_batch` records (its labels on every model metric)."""
+        labels = self._model = (name, version)
+        self.model.labels(*labels, provider).set(1)
+        self._batch_size = self.batch_size.labels(*labels)
+        self._queue_delay = self.queue_delay.labels(*labels)
+        self._inference = self.inference.labels(*labels)
+        self._failed_rows = self.failed_rows.labels(*labels)
+        self._batch_target = self.batch_target.labels(*labels)
+        self._misses = {stage: self.deadline_misses.labels(stage, *labels) for stage in ("ingest", "boundary")}
 
     def on_batch(self, size: int, queue_s: Sequence[float], infer_s: float, failed_rows: int,
                  deadline_misses: int, target_size: int, arrived_late: int = 0) -> None:
-        """Record one completed batch."""
-        self.batch_size.observe(size)
-        self.queue_delay.observe_many(queue_s)
-        self.inference.observe(infer_s)
+        """Record one completed batch (of the model named by :meth:`bind_model`)."""
+        if self._model is None:
+            raise RuntimeError("bind_model() names the model before batches are recorded")
+        self._batch_size.observe(size)
+        self._queue_delay.observe_many(queue_s)
+        self._inference.observe(infer_s)
         if arrived_late:
-            self.deadline_misses.labels("ingest").inc(arrived_late)
+            self._misses["ingest"].inc(arrived_late)
         if deadline_misses > arrived_late:
-            self.deadline_misses.labels("boundary").inc(deadline_misses - arrived_late)
+            self._misses["boundary"].inc(deadline_misses - arrived_late)
         if failed_rows:
-            self.failed_rows.inc(failed_rows)
-        self.batch_target.set(target_size)
+            self._failed_rows.inc(failed_rows)
+        self._batch_target.set(target_size)

@@ -100,15 +100,22 @@ class Pipeline:
         # batches of a few dozen records each would otherwise never yield (a whole fetch in one turn).
         self._step_started = time.perf_counter()
         self._unchecked = 0
+        # Input partition -> (offset after the last record handed in, that record's broker timestamp):
+        # the consumer's lag is measured from here (agents.monitor).
+        self.handled: dict[int, tuple[int, int]] = {}
 
     def forget_partitions(self) -> None:
         """Drop cached state and watermarks (after a rebalance the partitions may belong to others)."""
         self.cache.forget()
+        self.handled.clear()
 
     async def handle(self, batch: RecordBatch) -> None:
         """Route, apply and submit one batch of records from one partition, in offset order."""
         cache, partition, lateness_ms = self.cache, batch.partition, self._lateness_ms
         metrics = self._metrics
+        if batch.records:
+            last = batch.records[-1]
+            self.handled[partition] = (last.offset + 1, last.timestamp)
         if metrics is not None:
             metrics.events_in.inc(len(batch.records))
             now_ms = time.time() * 1000
@@ -130,6 +137,8 @@ class Pipeline:
                     self._step_started = time.perf_counter()
             tx = decode_transaction(record.value, self._max_record_bytes)
             if isinstance(tx, Invalid):
+                if metrics is not None:
+                    metrics.dead_letters.labels(tx.reason).inc()
                 await self._route(batch, record, "dead_letter", self._outputs.dlq_topic, dead_letter(
                     tx, topic=record.topic, partition=record.partition, offset=record.offset,
                     key=record.key, value=record.value, routed_at_ms=_now_ms()))
@@ -140,6 +149,8 @@ class Pipeline:
             if watermark.is_late(tx.ts) and not (
                     tx.id in state["id"] and replayable(state, tx.ts, allowed_lateness_ms=lateness_ms)):
                 assert record.value is not None and watermark.value is not None
+                if metrics is not None:
+                    metrics.late_records.labels(str(partition)).inc()
                 await self._route(batch, record, "late", self._outputs.late_topic, late_record(
                     tx, raw=record.value, watermark=watermark.value, topic=record.topic,
                     partition=record.partition, offset=record.offset, routed_at_ms=_now_ms()))
@@ -158,7 +169,7 @@ class Pipeline:
     async def _route(self, batch: RecordBatch, record: RawRecord, kind: str, topic: str, value: bytes) -> None:
         delivery = asyncio.ensure_future(await self._outputs.send(batch, topic, record.key, value))
         offset = record.offset
-        self._track(delivery, lambda done: self._ack_if_delivered(done, kind, [(batch, offset)]))
+        self._track(delivery, lambda done: self._ack_if_delivered(done, kind, topic, [(batch, offset)]))
 
     def _track(self, delivery: asyncio.Future[Any], on_done: Callable[[asyncio.Future[Any]], None]) -> None:
         """Count ``delivery`` as pending until it is done; then run ``on_done`` (which acknowledges)."""
@@ -181,11 +192,12 @@ class Pipeline:
             await asyncio.gather(*self._pending, return_exceptions=True)
             await asyncio.sleep(0)  # the acknowledging callbacks were added first, but let them all run
 
-    def _ack_if_delivered(self, done: asyncio.Future[Any], kind: str, acks: list[tuple[RecordBatch, int]]) -> None:
+    def _ack_if_delivered(self, done: asyncio.Future[Any], kind: str, topic: str,
+                          acks: list[tuple[RecordBatch, int]]) -> None:
         if self._failed(done):
             return
         if self._metrics is not None:
-            self._metrics.events_out.labels(kind).inc()
+            self._metrics.events_out.labels(kind, topic).inc()
         _ack(acks)
 
     async def deliver(self, result: BatchResult[ScoringItem], info: ModelInfo, threshold: float) -> None:
@@ -226,9 +238,13 @@ class Pipeline:
         metrics = self._metrics
         if metrics is not None:
             failed = len(result.row_errors)
-            metrics.events_out.labels("prediction").inc(len(result.items) - failed)
+            outputs = self._outputs
+            metrics.events_out.labels("prediction", outputs.predictions_topic).inc(len(result.items) - failed)
+            if outputs.feature_log_topic is not None:
+                metrics.events_out.labels("feature_log", outputs.feature_log_topic).inc(len(result.items) - failed)
             if failed:
-                metrics.events_out.labels("dead_letter").inc(failed)
+                metrics.events_out.labels("dead_letter", outputs.dlq_topic).inc(failed)
+                metrics.dead_letters.labels("inference_error").inc(failed)
             metrics.stage.labels("delivery").observe(time.perf_counter() - sent_at)
             now_ms = time.time() * 1000
             metrics.end_to_end.observe_many(max(0.0, now_ms - item.record.timestamp) / 1000 for item in result.items)

@@ -31,10 +31,12 @@ from agents import ingest
 from agents.boundary import BatchResult, ModelBoundary
 from agents.checkpoint import Checkpoint
 from agents.metrics import BoundaryMetrics
+from agents.monitor import InputPartition, Restore, Snapshot, StatePartition, WorkerCollector
 from agents.outputs import OutputProducer
 from agents.pipeline import Outputs, Pipeline, ScoringItem, Send
 from agents.runtime import ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
+from app.faust_compat import committed_offset, restore_state, rocksdb_partitions
 from app.settings import Settings
 from tables.cache import StateCache, StoreCard
 from tables.card_store import Stored, changes
@@ -88,6 +90,8 @@ class ScoringService(Service):
         self.boundary: ModelBoundary[ScoringItem] | None = None
         self.pipeline: Pipeline | None = None
         self.metrics = BoundaryMetrics()
+        WorkerCollector(self._snapshot, registry=self.metrics.registry)
+        self._revoked_at: float | None = None  # when the running rebalance revoked the partitions
         self.changelog_producer: ChangelogProducer | None = None
         self.output_producer: OutputProducer | None = None
         self.feature_log_producer: OutputProducer | None = None
@@ -151,7 +155,8 @@ class ScoringService(Service):
             max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
             max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
             adaptive=settings.adaptive_batching, observer=self.metrics, age_of=_age_s)
-        self.metrics.model.labels(runtime.info.tag, runtime.info.provider).set(1)
+        self.metrics.bind_model(runtime.info.name, runtime.info.version, runtime.info.provider)
+        self.metrics.sla.set(settings.sla_ms / 1000)
         send: Send
         if self.transactions is not None:
             send = self.transactions.send
@@ -246,18 +251,58 @@ class ScoringService(Service):
     # Rebalances and shutdown (connected to the app's signals by install()).
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
+        self._revoked_at = time.perf_counter()
         if self.pipeline is not None:
             self.pipeline.forget_partitions()
         if self.transactions is not None:
             await self.transactions.close()
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        self._rebalanced(assigned)
         if self.transactions is None:
             return  # under exactly once the producers were opened and fenced before this (fence_assigned)
         watch = self._restore_watch
         if (watch is None or watch.done()) and not self.app.should_stop:
             # Started here, not as a service task: user services start only after the restore it ends.
             self._restore_watch = asyncio.ensure_future(release_restores(self.app))
+
+    def _rebalanced(self, assigned: Any) -> None:
+        metrics, revoked_at = self.metrics, self._revoked_at
+        metrics.rebalances.inc()
+        took = None if revoked_at is None else time.perf_counter() - revoked_at
+        if took is not None:
+            metrics.rebalance.observe(took)
+        self._revoked_at = None
+        inputs = sorted(tp.partition for tp in assigned if tp.topic == self.settings.input_topic)
+        logger.info("rebalance: generation %s, input partitions %s%s", self.app.consumer_generation_id, inputs,
+                    "" if took is None else f", {took:.2f} s after the revocation")
+
+    def _snapshot(self) -> Snapshot | None:
+        """Lag, state size and restore progress as they are now (read by /metrics, see agents.monitor)."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            return None
+        app, topic = self.app, self.settings.input_topic
+        consumer = app.consumer
+        owned = sorted((tp for tp in consumer.assignment() if tp.topic == topic), key=lambda tp: tp.partition)
+        inputs = []
+        for tp in owned:
+            try:
+                end = consumer.highwater(tp)
+            except Exception:  # noqa: BLE001 - not fetched yet, or the consumer is between rebalances
+                end = None
+            handled, handled_ts = pipeline.handled.get(tp.partition, (None, None))
+            inputs.append(InputPartition(tp.partition, end, committed_offset(consumer, tp), handled, handled_ts))
+        state = []
+        for partition, db in sorted(rocksdb_partitions(self.tables.card_state.data).items()):
+            keys = db.property_int_value("rocksdb.estimate-num-keys") or 0
+            size = sum(db.property_int_value(name) or 0
+                       for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"))
+            state.append(StatePartition(partition, keys, size))
+        in_recovery, highwaters, offsets, _ = restore_state(app)
+        restores = [Restore(tp.topic, tp.partition, max(0, (end or 0) - offsets.get(tp, -1)))
+                    for tp, end in highwaters.items()] if in_recovery else []
+        return Snapshot(topic, inputs, state, restores, rebalancing=bool(app.rebalancing))
 
     async def fence_assigned(self, assigned: set[Any]) -> None:
         """Exactly once: wait for the previous owners' transactions before restoring and seeking."""

@@ -25,8 +25,9 @@ And here:
 * ``AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's ``AIOKafkaConsumer._isolation_level``,
   ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``, read by ``start()``;
 * the RocksDB store's ``_encode_key``, ``_encode_value``, ``_set``, ``_del``, ``_db_for_partition``
-  (also read directly: one read per key instead of Faust's two), ``use_rocksdict`` and
-  ``set_persisted_offset``;
+  (also read directly: one read per key instead of Faust's two), ``_dbs`` (the databases opened, for
+  their size), ``use_rocksdict`` and ``set_persisted_offset``;
+* the consumer's ``_committed_offset`` (read for the consumer lag);
 * ``Recovery.in_recovery``, ``active_highwaters``, ``active_offsets`` and ``TableManager.changelog_queue``;
 * the Faust producer's ``buffer`` (``size``, ``state``, ``flush()``);
 * the assignor's ``changelog_distribution`` and ``external_topic_distribution``.
@@ -123,6 +124,17 @@ def raw_get(table: Any, key: bytes) -> bytes | None:
         return value
     found: bytes | None = table.get(key)
     return found
+
+
+def rocksdb_partitions(store: Any) -> Mapping[int, Any]:
+    """The rocksdict databases a RocksDB store has opened, by partition (none for other stores)."""
+    return dict(store._dbs) if uses_rocksdict(store) else {}
+
+
+def committed_offset(consumer: Any, tp: TP) -> int | None:
+    """The offset the group last committed for ``tp`` as the consumer knows it (``None``: none yet)."""
+    offset: int | None = consumer._committed_offset.get(tp)
+    return offset
 
 
 def persist_changelog_offset(store: Any, tp: TP, offset: int) -> None:

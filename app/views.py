@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from importlib import resources
 from typing import Any
 
 import aiohttp
@@ -24,7 +25,9 @@ PEER_TIMEOUT_S = 2.0
 
 
 def register(app: faust.App, settings: Settings, scoring: ScoringService, tables: StateTables) -> None:
-    """Serve seam's pages on ``app``'s web server: /model/, /ready/, /batcher/, /metrics, /features/, /cluster/."""
+    """Serve seam's pages on ``app``'s web server: /model/, /healthz, /ready/, /batcher/, /metrics, /dashboard/,
+    /features/, /cluster/."""
+    dashboard = resources.files("app").joinpath("static/dashboard.html").read_text(encoding="utf-8")
 
     @app.page("/model/")
     class ModelView(View):
@@ -46,6 +49,22 @@ def register(app: faust.App, settings: Settings, scoring: ScoringService, tables
                 "waiting": boundary.waiting,
                 "stats": boundary.stats.as_dict(),
             })
+
+
+    @app.page("/healthz")
+    class HealthView(View):
+        """200 while the worker process runs and serves requests (liveness; readiness is /ready/)."""
+
+        async def get(self, request: Request) -> Response:
+            return self.json({"alive": True})
+
+
+    @app.page("/dashboard/")
+    class DashboardView(View):
+        """A live page of this worker's metrics (it reads /metrics and /cluster/ every few seconds)."""
+
+        async def get(self, request: Request) -> Response:
+            return self.html(dashboard)
 
 
     @app.page("/ready/")

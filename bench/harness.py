@@ -50,7 +50,7 @@ from bench.kafka import (
     read_range,
 )
 from bench.ort import BATCH_SIZES, measure_model
-from bench.promtext import Histogram, fetch, since
+from bench.promtext import Histogram, fetch, merged, since
 
 __all__ = ["MODES", "Plan", "run_all"]
 
@@ -178,7 +178,7 @@ def worker_stages(observed: dict[tuple[str, tuple[tuple[str, str], ...]], Histog
     """A phase's stage times from the worker's own histograms, in ms (bucket upper bounds: each is a "≤")."""
     out: dict[str, Any] = {}
     for name, key in STAGES:
-        series = observed.get(key)
+        series = merged(observed, *key)
         if series is not None and series.count:
             out[name] = {"p50_ms": series.quantile(0.5) * 1000, "p99_ms": series.quantile(0.99) * 1000}
     lag = observed.get(("seam_event_loop_lag_seconds", ()))

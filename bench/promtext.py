@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Histogram", "fetch", "histograms", "since"]
+__all__ = ["Histogram", "fetch", "histograms", "merged", "since"]
 
 
 @dataclass(frozen=True)
@@ -70,3 +70,17 @@ def since(after: str, before: str) -> dict[tuple[str, tuple[tuple[str, str], ...
     """Every histogram series of the page ``after``, less what the earlier page ``before`` had observed."""
     earlier = histograms(before)
     return {key: series.minus(earlier.get(key)) for key, series in histograms(after).items()}
+
+
+def merged(observed: dict[tuple[str, tuple[tuple[str, str], ...]], Histogram], name: str,
+           labels: tuple[tuple[str, str], ...] = ()) -> Histogram | None:
+    """The sum of ``name``'s series whose labels include ``labels`` (for example every model version's)."""
+    wanted = set(labels)
+    matching = [series for (family, own), series in observed.items() if family == name and wanted <= set(own)]
+    if not matching:
+        return None
+    totals: dict[float, float] = {}
+    for series in matching:
+        for bound, count in series.buckets:
+            totals[bound] = totals.get(bound, 0.0) + count
+    return Histogram(tuple(sorted(totals.items())))

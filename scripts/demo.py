@@ -30,7 +30,7 @@ from app.localhost import Subprocess, worker_argv
 from app.settings import Settings
 from app.synthetic import TransactionGenerator
 from app.topics import assign_all
-from bench.promtext import Histogram, fetch, histograms
+from bench.promtext import Histogram, fetch, histograms, merged
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()
@@ -182,7 +182,7 @@ def worker_view(metrics: dict[Any, Histogram]) -> list[tuple[str, str]]:
 
     def ms(name: str, stage: str | None = None) -> str:
         labels = () if stage is None else (("stage", stage),)
-        histogram = metrics.get((name, labels))
+        histogram = merged(metrics, name, labels)
         if histogram is None or not histogram.count:
             return "-"
         return f"p50 ≤ {histogram.quantile(0.5) * 1000:g} ms, p99 ≤ {histogram.quantile(0.99) * 1000:g} ms"

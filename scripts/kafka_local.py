@@ -4,6 +4,7 @@
     python scripts/kafka_local.py up     # fetch jars, format storage once, start, wait until ready
     python scripts/kafka_local.py down   # stop the broker this script started (by PID)
     python scripts/kafka_local.py status
+    python scripts/kafka_local.py tool kafka-consumer-groups --describe --group seam   # Kafka's own tools
 
 Settings (environment or flags): KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (port + 1000),
 KAFKA_HOME (.cache/kafka: jars in libs-<version>/; data and logs in run-<port>/ unless --run-dir).
@@ -28,6 +29,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 POM = ROOT / "scripts" / "kafka" / "pom.xml"
+TOOLS_POM = ROOT / "scripts" / "kafka" / "tools-pom.xml"
+# The scripts of Kafka's distribution (bin/<name>.sh), by the class each one runs.
+TOOLS = {
+    "kafka-consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "kafka-console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
+    "kafka-console-producer": "org.apache.kafka.tools.ConsoleProducer",
+    "kafka-topics": "org.apache.kafka.tools.TopicCommand",
+    "kafka-get-offsets": "org.apache.kafka.tools.GetOffsetShell",
+    "kafka-transactions": "org.apache.kafka.tools.TransactionsCommand",
+    "kafka-configs": "kafka.admin.ConfigCommand",
+}
+TOOLS_LOG4J2 = """\
+status = warn
+appender.err.type = Console
+appender.err.name = err
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.err.ref = err
+"""
 HEAP = os.environ.get("KAFKA_HEAP_OPTS", "-Xmx512m -Xms256m")
 
 LOG4J2 = """\
@@ -100,16 +122,18 @@ def java_major(java: str) -> int:
     return 0
 
 
-def fetch_jars(home: Path) -> Path:
-    """Copy Kafka's jars from Maven Central into home/libs-<version> once."""
-    libs = home / f"libs-{kafka_version()}"
+def fetch_jars(home: Path, pom: Path = POM, prefix: str = "libs") -> Path:
+    """Copy Kafka's jars (the broker's, or with ``TOOLS_POM`` the tools') from Maven Central into
+    home/<prefix>-<version> once."""
+    libs = home / f"{prefix}-{kafka_version()}"
     marker = libs / ".complete"
     if marker.exists():
         return libs
     mvn = require("mvn", "Install Maven 3.8+ (Debian/Ubuntu: apt install maven) to fetch Kafka's jars.")
     libs.mkdir(parents=True, exist_ok=True)
-    print(f"kafka_local: fetching Apache Kafka {kafka_version()} jars into {libs} ...", flush=True)
-    cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+    print(f"kafka_local: fetching Apache Kafka {kafka_version()} {prefix} jars into {libs} ...", flush=True,
+          file=sys.stderr)
+    cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
            f"-DoutputDirectory={libs}", "-DincludeScope=runtime"]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -267,7 +291,29 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def run_tool(home: Path, name: str, args: list[str], port: int) -> int:
+    """Run one of Kafka's command-line tools against the local broker (unless ``args`` name another)."""
+    if name not in TOOLS:
+        raise KafkaError(f"unknown tool {name!r}; one of: {', '.join(sorted(TOOLS))}")
+    java = require("java", "Install a Java 17+ runtime (Debian/Ubuntu: apt install openjdk-17-jre-headless).")
+    libs = fetch_jars(home, TOOLS_POM, "tools")
+    log_config = libs / "log4j2-tools.properties"
+    if not log_config.exists():
+        log_config.write_text(TOOLS_LOG4J2)
+    if not any(arg.startswith(("--bootstrap-server", "--bootstrap-controller")) for arg in args):
+        args = [*args, "--bootstrap-server", f"127.0.0.1:{port}"]
+    cmd = [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+           f"-Dlog4j2.configurationFile={log_config}", "-cp", f"{libs}/*", TOOLS[name], *args]
+    return subprocess.run(cmd).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tool"]:
+        if len(argv) < 2:
+            raise KafkaError(f"usage: kafka_local.py tool NAME [ARGS...]; NAME one of: {', '.join(sorted(TOOLS))}")
+        home = Path(os.environ.get("KAFKA_HOME", ROOT / ".cache" / "kafka")).resolve()
+        return run_tool(home, argv[1], argv[2:], int(os.environ.get("KAFKA_PORT", "9092")))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "down", "status", "fetch"])
     parser.add_argument("--port", type=int, default=int(os.environ.get("KAFKA_PORT", "9092")))
@@ -281,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     broker = Broker(args.port, controller_port, args.home.resolve(), run_dir)
     if args.command == "fetch":
         fetch_jars(broker.home)
+        fetch_jars(broker.home, TOOLS_POM, "tools")
         return 0
     if args.command == "up":
         broker.up()

@@ -1,0 +1,84 @@
+"""Unit tests for agents.monitor: lag from offsets and timestamps, and the gauges on the page."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from agents.metrics import BoundaryMetrics
+from agents.monitor import InputPartition, Lag, Restore, Snapshot, StatePartition, WorkerCollector, lag
+
+
+def test_lag_counts_from_the_committed_and_the_handled_offsets() -> None:
+    behind = InputPartition(0, end_offset=1_000, committed=900, handled=950, handled_timestamp_ms=10_000)
+    assert lag(behind, now_ms=12_500) == Lag(records=100, unhandled=50, seconds=2.5)
+    caught_up = InputPartition(1, end_offset=1_000, committed=990, handled=1_000, handled_timestamp_ms=10_000)
+    assert lag(caught_up, now_ms=99_000) == Lag(records=10, unhandled=0, seconds=0.0)
+
+
+def test_lag_before_anything_is_known() -> None:
+    assert lag(InputPartition(0, None, None, None, None), now_ms=1.0) == Lag(None, None, None)
+    # Nothing handled since the assignment: the committed offset is where handling resumes.
+    fresh = InputPartition(0, end_offset=500, committed=200, handled=None, handled_timestamp_ms=None)
+    assert lag(fresh, now_ms=1.0) == Lag(records=300, unhandled=300, seconds=None)
+    # No commit yet (a new group): Kafka's tools show no lag either; what is unhandled still counts.
+    new_group = InputPartition(0, end_offset=500, committed=None, handled=100, handled_timestamp_ms=0)
+    assert lag(new_group, now_ms=4_000) == Lag(records=None, unhandled=400, seconds=4.0)
+
+
+def test_a_clock_behind_the_broker_never_gives_a_negative_lag() -> None:
+    ahead = InputPartition(0, end_offset=10, committed=0, handled=5, handled_timestamp_ms=2_000)
+    assert lag(ahead, now_ms=1_000).seconds == 0.0
+
+
+def page(snapshot: Snapshot | None, now: float = 20.0) -> list[str]:
+    registry = CollectorRegistry()
+    WorkerCollector(lambda: snapshot, clock=lambda: now, registry=registry)
+    return [line for line in generate_latest(registry).decode().splitlines() if line and not line.startswith("#")]
+
+
+def test_the_collector_exposes_a_snapshot_taken_at_each_scrape() -> None:
+    snapshot = Snapshot(
+        "tx", [InputPartition(0, 100, 90, 95, 18_000), InputPartition(2, None, None, None, None)],
+        state=[StatePartition(0, keys=12, bytes=4096)], restores=[Restore("seam-card-state-changelog", 2, 7)],
+        rebalancing=True)
+    lines = page(snapshot)
+    assert 'seam_assigned_partitions{partition="0",topic="tx"} 1.0' in lines
+    assert 'seam_assigned_partitions{partition="2",topic="tx"} 1.0' in lines
+    assert 'seam_consumer_lag_records{partition="0",topic="tx"} 10.0' in lines
+    assert 'seam_consumer_unhandled_records{partition="0",topic="tx"} 5.0' in lines
+    assert 'seam_consumer_lag_seconds{partition="0",topic="tx"} 2.0' in lines
+    assert not any('partition="2"' in line and "lag" in line for line in lines)  # unknown: no sample, not 0
+    assert 'seam_state_keys{partition="0"} 12.0' in lines
+    assert 'seam_state_bytes{partition="0"} 4096.0' in lines
+    assert 'seam_restore_remaining_records{partition="2",topic="seam-card-state-changelog"} 7.0' in lines
+    assert "seam_rebalancing 1.0" in lines
+
+
+def test_no_snapshot_no_samples() -> None:
+    assert page(None) == []
+
+
+def test_model_metrics_carry_the_model_and_its_version() -> None:
+    metrics = BoundaryMetrics()
+    metrics.bind_model("fraud-mlp", "3", "CPUExecutionProvider")
+    metrics.on_batch(4, [0.001] * 4, 0.002, failed_rows=1, deadline_misses=2, target_size=8, arrived_late=1)
+    lines = generate_latest(metrics.registry).decode().splitlines()
+    model = 'model="fraud-mlp",version="3"'
+    assert 'seam_model_info{model="fraud-mlp",provider="CPUExecutionProvider",version="3"} 1.0' in lines
+    assert f'seam_batch_size_count{{{model}}} 1.0' in lines
+    assert f'seam_queue_delay_seconds_count{{{model}}} 4.0' in lines
+    assert f'seam_inference_seconds_count{{{model}}} 1.0' in lines
+    assert f'seam_inference_failed_rows_total{{{model}}} 1.0' in lines
+    assert f'seam_adaptive_batch_target{{{model}}} 8.0' in lines
+    assert 'seam_deadline_misses_total{model="fraud-mlp",stage="ingest",version="3"} 1.0' in lines
+    assert 'seam_deadline_misses_total{model="fraud-mlp",stage="boundary",version="3"} 1.0' in lines
+
+
+def test_batches_are_refused_before_the_model_is_named() -> None:
+    metrics = BoundaryMetrics()
+    try:
+        metrics.on_batch(1, [0.0], 0.0, 0, 0, 1)
+    except RuntimeError as exc:
+        assert "bind_model" in str(exc)
+    else:
+        raise AssertionError("on_batch without a model")
