@@ -67,5 +67,6 @@ bench: install kafka-jars  ## End-to-end benchmark, all modes, both models (~10 
 bench-ingest: install kafka-jars  ## Ingestion benchmark: batch ingestion vs Faust take() vs raw aiokafka.
 	$(PY) scripts/bench_ingest.py --pipeline --write docs/BENCHMARKS.md
 
-clean:  ## Remove local data (not the venv or the Kafka jars).
+clean:  ## Remove local data: workers' state, stopped local brokers' data (not the venv or the Kafka jars).
 	rm -rf .data .pytest_cache
+	@$(PYTHON) scripts/kafka_local.py purge

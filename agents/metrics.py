@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Sequence
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -11,7 +13,9 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["BatchHistogram", "BoundaryMetrics"]
+__all__ = ["BatchHistogram", "BoundaryMetrics", "BreachLog"]
+
+logger = logging.getLogger(__name__)
 
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
@@ -93,6 +97,36 @@ class BatchHistogram(Collector):
         yield family
 
 
+class BreachLog:
+    """Deadline misses as one warning per interval at most (a count, not a line per record)."""
+
+    def __init__(self, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.sla_s: float | None = None
+        self._clock = clock
+        self._since = clock()
+        self._items = self._late = self._lost = 0
+
+    def record(self, items: int, misses: int, arrived_late: int) -> str | None:
+        """Count one batch; return (and log) the warning when one is due."""
+        self._items += items
+        self._late += arrived_late
+        self._lost += misses - arrived_late
+        now = self._clock()
+        if now - self._since < self.interval_s:
+            return None
+        items, late, lost, took = self._items, self._late, self._lost, now - self._since
+        missed = late + lost
+        self._since, self._items, self._late, self._lost = now, 0, 0, 0
+        if not missed:
+            return None
+        budget = "" if self.sla_s is None else f" {self.sla_s * 1000:g} ms"
+        message = (f"SLA: {missed:,} of {items:,} records scored in the last {took:.0f} s missed their{budget} "
+                   f"deadline ({late:,} already late at the boundary, {lost:,} lost there); they were scored")
+        logger.warning(message)
+        return message
+
+
 class BoundaryMetrics:
     """One registry per worker; the boundary reports each batch, the pipeline its records.
 
@@ -151,6 +185,12 @@ class BoundaryMetrics:
         self.cached_events = Gauge("seam_state_cached_events", "Events held in the card states in memory.",
                                    registry=r)
         self._model: tuple[str, str] | None = None
+        self.breaches = BreachLog()
+
+    def set_sla(self, sla_s: float) -> None:
+        """The latency budget per record: a gauge, and the deadline the breach warnings name."""
+        self.sla.set(sla_s)
+        self.breaches.sla_s = sla_s
 
     def bind_model(self, name: str, version: str, provider: str) -> None:
         """Name the model whose batches :meth:`on_batch` records (its labels on every model metric)."""
@@ -178,3 +218,4 @@ class BoundaryMetrics:
         if failed_rows:
             self._failed_rows.inc(failed_rows)
         self._batch_target.set(target_size)
+        self.breaches.record(size, deadline_misses, arrived_late)

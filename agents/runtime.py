@@ -16,12 +16,21 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["ModelContractError", "ModelInfo", "ModelRuntime", "DeviceUnavailableError"]
+__all__ = ["ModelContractError", "ModelInfo", "ModelRuntime", "DeviceUnavailableError", "runtime_package"]
 
 logger = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
+
+
+def runtime_package() -> str:
+    """The ONNX Runtime distribution installed, with its version: ``onnxruntime-gpu 1.23.2`` (CUDA
+    builds, Linux and Windows on x86-64) or ``onnxruntime 1.23.2`` (elsewhere, macOS included)."""
+    import importlib.metadata
+
+    names = importlib.metadata.packages_distributions().get("onnxruntime") or ["onnxruntime"]
+    return f"{names[0]} {ort.__version__}"
 
 
 class ModelContractError(RuntimeError):

@@ -138,10 +138,6 @@ class ScoringService(Service):
 
     async def on_start(self) -> None:
         settings = self.settings
-        # Faust leaves the root logger at DEBUG whatever -l says; aiokafka then builds a log record
-        # for every message it sends (filtered out later, but paid for on the hot path).
-        if logging.getLogger("aiokafka").getEffectiveLevel() < logging.INFO:
-            logging.getLogger("aiokafka").setLevel(logging.INFO)
         if self.changelog is not None:
             self.changelog_producer = ChangelogProducer(settings.broker_bootstrap)
             await self.changelog_producer.start()
@@ -156,7 +152,7 @@ class ScoringService(Service):
             max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
             adaptive=settings.adaptive_batching, observer=self.metrics, age_of=_age_s)
         self.metrics.bind_model(runtime.info.name, runtime.info.version, runtime.info.provider)
-        self.metrics.sla.set(settings.sla_ms / 1000)
+        self.metrics.set_sla(settings.sla_ms / 1000)
         send: Send
         if self.transactions is not None:
             send = self.transactions.send

@@ -44,20 +44,24 @@ def create_app(settings: Settings) -> faust.App:
     """A Faust app with seam's tables, scoring service, ingestion path, web views and commands."""
     from agents import score
     from app import cli, views
+    from app.logs import SeamWorker, logging_config
     from tables.state import StateTables
 
     # The app id names the consumer group and prefixes the changelog topics ("<id>-card-state-changelog");
     # changing it (or `version`) starts from empty state and the group's committed offsets are not reused.
+    web_host = settings.web_host or socket.gethostname()
     app = SeamApp(
         settings,
         settings.app_id,
         version=1,
+        Worker=SeamWorker,
+        logging_config=logging_config(settings.log_format, f"http://{web_host}:{settings.web_port}"),
         broker=settings.broker_url,
         store="rocksdb://",
         datadir=str(settings.data_dir),
         web_port=settings.web_port,
         web_bind=settings.web_bind,
-        web_host=settings.web_host or socket.gethostname(),
+        web_host=web_host,
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=settings.topic_replication_factor,
         broker_max_poll_records=settings.max_poll_records,
@@ -97,4 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         if args and not _HELP & set(args):
             raise SystemExit(f"seam: {exc}") from None
         settings = Settings()
+    if settings.log_format == "json" and not {"-q", "--quiet"} & set(args):
+        # Faust's own console output (its banner, "starting➢") is not a log record: JSON logs only.
+        sys.argv = [sys.argv[0], "--quiet", *args]
     create_app(settings).main()

@@ -66,6 +66,8 @@ class Settings:
     # The host name other workers use to reach this one (routed table queries); empty: this
     # machine's host name.
     web_host: str = "127.0.0.1"
+    # text: Faust's log lines; json: one JSON object per line (time, level, logger, message, error).
+    log_format: str = "text"
     # Model boundary.
     model_path: Path = field(default=ROOT / "models" / "fraud-mlp.onnx")
     device: str = "auto"
@@ -108,6 +110,8 @@ class Settings:
                 f"SEAM_MAX_INFLIGHT_BATCHES must be >= 1, got {self.max_inflight_batches}")
         if self.inference_threads < 0:
             raise SettingsError(f"SEAM_INFERENCE_THREADS must be >= 0, got {self.inference_threads}")
+        if self.log_format not in {"text", "json"}:
+            raise SettingsError(f"SEAM_LOG_FORMAT must be text or json, got {self.log_format!r}")
         if self.ingest not in {"batch", "stream"}:
             raise SettingsError(f"SEAM_INGEST must be batch or stream, got {self.ingest!r}")
         if self.processing_guarantee not in {"at_least_once", "exactly_once"}:

@@ -16,7 +16,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from app.settings import Settings
 
-__all__ = ["assign_all", "declare_topics", "ensure_topics", "partition_counts"]
+__all__ = ["assign_all", "declare_topics", "delete_topics", "ensure_topics", "partition_counts"]
 
 
 async def ensure_topics(
@@ -57,6 +57,19 @@ def declare_topics(settings: Settings, changelogs: list[str], timeout_s: float =
     # Its own thread and loop: Faust's loop is not running yet and must not be replaced.
     with ThreadPoolExecutor(max_workers=1) as pool:
         pool.submit(asyncio.run, coro).result(timeout=timeout_s)
+
+
+async def delete_topics(bootstrap: str, containing: str) -> list[str]:
+    """Delete every topic whose name contains ``containing`` (a run's own id); return their names."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = sorted(t for t in await admin.list_topics() if containing in t)
+        if names:
+            await admin.delete_topics(names, timeout_ms=30_000)
+    finally:
+        await admin.close()
+    return names
 
 
 async def partition_counts(bootstrap: str, topics: list[str]) -> dict[str, int]:

@@ -12,6 +12,7 @@ from aiokafka.partitioner import murmur2
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from agents.runtime import runtime_package
 from agents.score import ScoringService
 from app.cluster import describe_cluster, local_view
 from app.faust_compat import group_distribution, restoring
@@ -42,6 +43,7 @@ def register(app: faust.App, settings: Settings, scoring: ScoringService, tables
                 "model": info.tag,
                 "path": info.path,
                 "provider": info.provider,
+                "runtime": runtime_package(),
                 "feature_names": list(info.feature_names),
                 "max_batch_size": settings.max_batch_size,
                 "max_wait_ms": settings.max_wait_ms,

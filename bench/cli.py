@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,13 +89,16 @@ class LocalBroker:
     def __init__(self) -> None:
         self.port = int(os.environ.get("KAFKA_PORT", "9092"))
         self.started = False
+        self.run_dir: Path | None = None  # a broker started here keeps its data there, removed after
 
     def _call(self, action: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(KAFKA_LOCAL), action, "--port", str(self.port)],
+        where = ["--run-dir", str(self.run_dir)] if self.run_dir is not None else []
+        return subprocess.run([sys.executable, str(KAFKA_LOCAL), action, "--port", str(self.port), *where],
                               capture_output=True, text=True, cwd=ROOT)
 
     def __enter__(self) -> str:
         if self._call("status").returncode != 0:
+            self.run_dir = Path(tempfile.mkdtemp(prefix="seam-bench-kafka-"))
             up = self._call("up")
             if up.returncode != 0:
                 raise SystemExit(f"bench: could not start Kafka:\n{up.stdout}{up.stderr}")
@@ -104,6 +108,8 @@ class LocalBroker:
     def __exit__(self, *exc: object) -> None:
         if self.started:
             self._call("down")
+        if self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
 
-from app.topics import assign_all
+from app.topics import assign_all, delete_topics
 
 __all__ = [
     "PARTITIONS", "OutputRecord", "delete_topics", "drop_backlog", "end_offsets", "output_span", "produce_inputs",
@@ -163,20 +163,3 @@ async def drop_backlog(bootstrap: str, topic: str, partitions: int = PARTITIONS)
     finally:
         await admin.close()
     return ends
-
-
-async def delete_topics(bootstrap: str, containing: str) -> list[str]:
-    """Delete every topic whose name contains ``containing`` (a run's own suffix); return their names.
-
-    Each benchmark run deletes its topics when it is done, so every mode meets a broker holding the same
-    topics: one that has piled up the partitions and data of every run before it answers more slowly.
-    """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        names = sorted(t for t in await admin.list_topics() if containing in t)
-        if names:
-            await admin.delete_topics(names, timeout_ms=30_000)
-    finally:
-        await admin.close()
-    return names

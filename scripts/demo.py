@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from app.loadgen import produce
 from app.localhost import Subprocess, worker_argv
 from app.settings import Settings
 from app.synthetic import TransactionGenerator
-from app.topics import assign_all
+from app.topics import assign_all, delete_topics
 from bench.promtext import Histogram, fetch, histograms, merged
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,9 +241,12 @@ def main() -> int:
     args = parser.parse_args()
 
     port = int(os.environ.get("KAFKA_PORT", "9092"))
+    # A broker the demo starts itself keeps its data in a folder of its own, removed when it stops;
+    # one that already runs (make kafka-up) is only rid of the demo's topics at the end.
+    started_broker = not kafka_local.metadata_ok(port)
     broker = kafka_local.Broker(port, int(os.environ.get("KAFKA_CONTROLLER_PORT", port + 1000)),
-                                ROOT / ".cache" / "kafka")
-    started_broker = broker.pid() is None or not kafka_local.metadata_ok(port)
+                                ROOT / ".cache" / "kafka",
+                                Path(tempfile.mkdtemp(prefix="seam-demo-kafka-")) if started_broker else None)
     if started_broker:
         broker.up()
     # Every run gets its own topics, consumer group and state: the synthetic clock runs hours ahead
@@ -259,10 +264,12 @@ def main() -> int:
     web = f"http://{settings.web_host}:{settings.web_port}"
     log = data_dir / "worker.log"
     worker: Subprocess | None = None
+    code = 1
     try:
         worker = Subprocess(worker_argv("info"), env, log)
         console.print(f"worker started (pid {worker.pid}, log {log})")
-        return asyncio.run(run(args, settings, web, worker))
+        code = asyncio.run(run(args, settings, web, worker))
+        return code
     except KeyboardInterrupt:
         return 130
     finally:
@@ -271,6 +278,13 @@ def main() -> int:
             console.print(f"worker stopped (pid {worker.pid})")
         if started_broker:
             broker.down()
+            shutil.rmtree(broker.run_dir, ignore_errors=True)
+        else:
+            asyncio.run(delete_topics(broker.bootstrap, run_id))
+        if code == 0:  # a failed run keeps its worker's log and state for a look
+            shutil.rmtree(data_dir, ignore_errors=True)
+        else:
+            console.print(f"the worker's log and state stay in {data_dir}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python scripts/kafka_local.py up     # fetch jars, format storage once, start, wait until ready
     python scripts/kafka_local.py down   # stop the broker this script started (by PID)
     python scripts/kafka_local.py status
+    python scripts/kafka_local.py purge  # remove the data of every broker here that is not running
     python scripts/kafka_local.py tool kafka-consumer-groups --describe --group seam   # Kafka's own tools
 
 Settings (environment or flags): KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (port + 1000),
@@ -291,6 +292,17 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def purge(home: Path) -> None:
+    """Remove the folders (config, data, logs) of the brokers under ``home`` that are not running."""
+    for run_dir in sorted(home.glob("run-*")):
+        pid = Broker(0, 0, home, run_dir).pid()
+        if pid is not None:
+            print(f"kafka_local: {run_dir} belongs to a running broker (pid {pid}); kept")
+            continue
+        shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"kafka_local: removed {run_dir}")
+
+
 def run_tool(home: Path, name: str, args: list[str], port: int) -> int:
     """Run one of Kafka's command-line tools against the local broker (unless ``args`` name another)."""
     if name not in TOOLS:
@@ -315,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         home = Path(os.environ.get("KAFKA_HOME", ROOT / ".cache" / "kafka")).resolve()
         return run_tool(home, argv[1], argv[2:], int(os.environ.get("KAFKA_PORT", "9092")))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "status", "fetch"])
+    parser.add_argument("command", choices=["up", "down", "status", "fetch", "purge"])
     parser.add_argument("--port", type=int, default=int(os.environ.get("KAFKA_PORT", "9092")))
     parser.add_argument("--controller-port", type=int, default=int(os.environ.get("KAFKA_CONTROLLER_PORT", "0")))
     parser.add_argument("--home", type=Path, default=Path(os.environ.get("KAFKA_HOME", ROOT / ".cache" / "kafka")))
@@ -325,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     controller_port = args.controller_port or args.port + 1000
     run_dir = args.run_dir.resolve() if args.run_dir else None
     broker = Broker(args.port, controller_port, args.home.resolve(), run_dir)
+    if args.command == "purge":
+        purge(broker.home)
+        return 0
     if args.command == "fetch":
         fetch_jars(broker.home)
         fetch_jars(broker.home, TOOLS_POM, "tools")

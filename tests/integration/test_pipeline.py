@@ -95,11 +95,13 @@ def run(
         card = events[0]["card_id"]
         features_view = worker.get(f"/features/{card}/")
         unknown_card_view = worker.get("/features/no-such-card/")
+        health_view = worker.get("/healthz")
     finally:
         code = worker.stop()
     return {
         "topics": topics, "events": events, "expected": expected, "outputs": outputs, "model_view": model_view,
-        "features_view": features_view, "unknown_card_view": unknown_card_view, "exit_code": code,
+        "features_view": features_view, "unknown_card_view": unknown_card_view, "health_view": health_view,
+        "exit_code": code,
         "log": worker.log_tail(200),
     }
 
@@ -170,6 +172,7 @@ def test_web_views_report_model_and_card_state(run: dict[str, Any]) -> None:
     view = run["model_view"]
     assert view["model"] == "fraud-mlp@1"
     assert view["provider"] == "CPUExecutionProvider"
+    assert view["runtime"].split(" ")[0] in ("onnxruntime", "onnxruntime-gpu")
     assert view["stats"]["items"] == sum(isinstance(o, Scored) for o in run["expected"])
     status, body = run["features_view"]
     assert status == 200
@@ -183,6 +186,7 @@ def test_web_views_report_model_and_card_state(run: dict[str, Any]) -> None:
     assert answer["watermark"] is not None
     assert run["unknown_card_view"][0] == 404
     assert "error" in orjson.loads(run["unknown_card_view"][1])
+    assert run["health_view"][0] == 200 and orjson.loads(run["health_view"][1]) == {"alive": True}
 
 
 def test_worker_stops_cleanly(run: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import uuid
 from pathlib import Path
 
@@ -52,6 +53,7 @@ def test_poison_rows_are_isolated_and_dead_lettered(kafka_bootstrap: str, tmp_pa
     assert all(d["reason"] == "inference_error" and "Gather" in d["message"] for d in letters)
     batch_sizes = {p["timing"]["batch_size"] for p in out[topics.predictions]}
     assert max(batch_sizes) > 1, "poison rows were isolated inside real batches"
-    assert "seam_inference_failed_rows_total 3.0" in metrics
-    assert 'seam_events_out_total{topic_kind="dead_letter"} 3.0' in metrics
+    assert re.search(r'^seam_inference_failed_rows_total\{model="[^"]+",version="[^"]+"\} 3\.0$', metrics, re.M)
+    assert f'seam_events_out_total{{topic="{topics.dlq}",topic_kind="dead_letter"}} 3.0' in metrics
+    assert 'seam_dead_letters_total{reason="inference_error"} 3.0' in metrics
     assert batcher["stats"]["failed_rows"] == 3 and batcher["adaptive"] is True

@@ -82,3 +82,20 @@ def test_batches_are_refused_before_the_model_is_named() -> None:
         assert "bind_model" in str(exc)
     else:
         raise AssertionError("on_batch without a model")
+
+
+def test_deadline_misses_are_one_warning_per_interval() -> None:
+    from agents.metrics import BreachLog
+
+    now = [0.0]
+    log = BreachLog(interval_s=10.0, clock=lambda: now[0])
+    log.sla_s = 0.05
+    assert log.record(100, misses=3, arrived_late=2) is None  # within the interval: counted, not logged
+    now[0] = 4.0
+    assert log.record(50, misses=0, arrived_late=0) is None
+    now[0] = 10.5
+    message = log.record(50, misses=1, arrived_late=0)
+    assert message == ("SLA: 4 of 200 records scored in the last 10 s missed their 50 ms deadline "
+                       "(2 already late at the boundary, 2 lost there); they were scored")
+    now[0] = 21.0
+    assert log.record(500, misses=0, arrived_late=0) is None  # a quiet interval says nothing

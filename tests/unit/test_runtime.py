@@ -254,3 +254,29 @@ def test_name_and_version_fall_back(model_copy: Callable[..., Path]) -> None:
     info = ModelRuntime.load(path, feature_names=NAMES, device="cpu").info
     assert info.name == "stemmed"
     assert info.tag.startswith("stemmed@")
+
+
+def test_the_cuda_build_is_asked_for_only_where_it_has_wheels() -> None:
+    """onnxruntime-gpu on Linux and Windows x86-64, the CPU build everywhere else (macOS, ARM): exactly one."""
+    import tomllib
+
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+
+    from tests.conftest import ROOT
+
+    deps = [Requirement(d) for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    runtimes = [d for d in deps if d.name.startswith("onnxruntime")]
+    expected = {("linux", "x86_64"): "onnxruntime-gpu", ("win32", "AMD64"): "onnxruntime-gpu",
+                ("darwin", "arm64"): "onnxruntime", ("darwin", "x86_64"): "onnxruntime",
+                ("linux", "aarch64"): "onnxruntime"}
+    for (platform, machine), name in expected.items():
+        env = dict(default_environment(), sys_platform=platform, platform_machine=machine)
+        assert [d.name for d in runtimes if d.marker is None or d.marker.evaluate(env)] == [name], (platform, machine)
+
+
+def test_the_installed_runtime_package_is_named() -> None:
+    from agents.runtime import runtime_package
+
+    name, version = runtime_package().split(" ")
+    assert name in ("onnxruntime", "onnxruntime-gpu") and version[0].isdigit()
