@@ -150,7 +150,8 @@ class ScoringService(Service):
             runtime.predict, self._deliver,
             max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
             max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
-            adaptive=settings.adaptive_batching, observer=self.metrics, age_of=_age_s)
+            adaptive=settings.adaptive_batching, observer=self.metrics if settings.metrics else None,
+            age_of=_age_s)
         self.metrics.bind_model(runtime.info.name, runtime.info.version, runtime.info.provider)
         self.metrics.set_sla(settings.sla_ms / 1000)
         send: Send
@@ -179,7 +180,7 @@ class ScoringService(Service):
             boundary, outputs, cache, allowed_lateness_ms=lateness_ms,
             on_delivery_failure=self._on_delivery_failure,
             # The plain Faust path has no commit hook: write each batch's changes through at once.
-            write_through=settings.ingest == "stream", metrics=self.metrics,
+            write_through=settings.ingest == "stream", metrics=self.metrics if settings.metrics else None,
             max_record_bytes=settings.max_record_bytes)
         self.runtime, self.boundary = runtime, boundary
         _tune_garbage_collection()

@@ -66,6 +66,9 @@ class Settings:
     # The host name other workers use to reach this one (routed table queries); empty: this
     # machine's host name.
     web_host: str = "127.0.0.1"
+    # false: no per-record or per-batch metrics (pipeline and boundary); /metrics keeps the lag,
+    # state, commit and event-loop metrics. For measuring what the metrics cost.
+    metrics: bool = True
     # text: Faust's log lines; json: one JSON object per line (time, level, logger, message, error).
     log_format: str = "text"
     # Model boundary.

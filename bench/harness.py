@@ -56,7 +56,8 @@ __all__ = ["MODES", "Plan", "run_all"]
 
 ROOT = Path(__file__).resolve().parent.parent
 CEILING = "ceiling-a"
-MODES = (CEILING, "seam-adaptive", "seam-fixed", "seam-exactly-once", "seam-stream", "async", "naive", "quix")
+MODES = (CEILING, "seam-adaptive", "seam-no-metrics", "seam-fixed", "seam-exactly-once", "seam-stream", "async",
+         "naive", "quix")
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
 
 
@@ -149,6 +150,7 @@ class Run:
                 "SEAM_ADAPTIVE_BATCHING": "false" if self.mode == "seam-fixed" else "true",
                 "SEAM_INGEST": "stream" if self.mode == "seam-stream" else "batch",
                 "SEAM_PROCESSING_GUARANTEE": "exactly_once" if self.mode == "seam-exactly-once" else "at_least_once",
+                "SEAM_METRICS": "false" if self.mode == "seam-no-metrics" else "true",
             } | self.seam_env
             return worker_argv("warn"), env
         env = base | {
