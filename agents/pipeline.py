@@ -119,8 +119,7 @@ class Pipeline:
         if metrics is not None:
             metrics.events_in.inc(len(batch.records))
             now_ms = time.time() * 1000
-            metrics.stage.labels("ingest").observe_many(
-                max(0.0, now_ms - record.timestamp) / 1000 for record in batch.records)
+            metrics.stage.labels("ingest").observe_ages(now_ms, [record.timestamp for record in batch.records])
         watermark = cache.watermark(partition)
         items: list[tuple[tuple[float, ...], ScoringItem]] = []
         for record in batch.records:
@@ -247,7 +246,7 @@ class Pipeline:
                 metrics.dead_letters.labels("inference_error").inc(failed)
             metrics.stage.labels("delivery").observe(time.perf_counter() - sent_at)
             now_ms = time.time() * 1000
-            metrics.end_to_end.observe_many(max(0.0, now_ms - item.record.timestamp) / 1000 for item in result.items)
+            metrics.end_to_end.observe_ages(now_ms, [item.record.timestamp for item in result.items])
         acks = [(item.batch, item.record.offset) for item in result.items]
         self.cache.ack_when_flushed(max(item.state_epoch for item in result.items), lambda: _ack(acks))
 

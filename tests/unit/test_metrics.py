@@ -54,3 +54,16 @@ def test_a_histogram_without_labels_and_wrong_labels() -> None:
     labelled = BatchHistogram("z_seconds", "doc", labelnames=["stage"], buckets=BUCKETS)
     with pytest.raises(ValueError, match="stage"):
         labelled.labels("a", "b")
+
+
+@given(timestamps=st.lists(st.integers(min_value=0, max_value=20_000), max_size=40))
+def test_ages_are_recorded_as_the_seconds_since_each_timestamp(timestamps: list[int]) -> None:
+    """observe_ages(now, ts) is observe_many of max(0, now - ts) / 1000: a clock behind gives 0, not < 0."""
+    now_ms = 10_000.0
+    by_age, by_value = CollectorRegistry(), CollectorRegistry()
+    BatchHistogram("a_seconds", "doc", buckets=BUCKETS, registry=by_age).observe_ages(now_ms, timestamps)
+    BatchHistogram("a_seconds", "doc", buckets=BUCKETS, registry=by_value).observe_many(
+        [max(0.0, now_ms - ts) / 1000 for ts in timestamps])
+    for mine, theirs in zip(exposition(by_age), exposition(by_value), strict=True):
+        assert mine.rsplit(" ", 1)[0] == theirs.rsplit(" ", 1)[0]
+        assert float(mine.rsplit(" ", 1)[1]) == pytest.approx(float(theirs.rsplit(" ", 1)[1]))
