@@ -25,8 +25,8 @@ CUDA = "CUDAExecutionProvider"
 
 
 def runtime_package() -> str:
-    """The ONNX Runtime distribution installed, with its version: ``onnxruntime-gpu 1.23.2`` (CUDA
-    builds, Linux and Windows on x86-64) or ``onnxruntime 1.23.2`` (elsewhere, macOS included)."""
+    """The ONNX Runtime distribution installed, with its version: ``onnxruntime-gpu 1.31.1`` (CUDA
+    builds, Linux and Windows on x86-64) or ``onnxruntime 1.31.1`` (elsewhere, macOS included)."""
     import importlib.metadata
 
     names = importlib.metadata.packages_distributions().get("onnxruntime") or ["onnxruntime"]
