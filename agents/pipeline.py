@@ -213,6 +213,8 @@ class Pipeline:
             record = item.record
             error = result.row_errors.get(index)
             if error is not None:
+                if self._metrics is not None:  # counted when sent, as the records that fail to decode are
+                    self._metrics.dead_letters.labels("inference_error").inc()
                 value = dead_letter(
                     Invalid("inference_error", f"inference failed: {error}"), topic=record.topic,
                     partition=record.partition, offset=record.offset, key=record.key, value=record.value,
@@ -243,7 +245,6 @@ class Pipeline:
                 metrics.events_out.labels("feature_log", outputs.feature_log_topic).inc(len(result.items) - failed)
             if failed:
                 metrics.events_out.labels("dead_letter", outputs.dlq_topic).inc(failed)
-                metrics.dead_letters.labels("inference_error").inc(failed)
             metrics.stage.labels("delivery").observe(time.perf_counter() - sent_at)
             now_ms = time.time() * 1000
             metrics.end_to_end.observe_ages(now_ms, [item.record.timestamp for item in result.items])

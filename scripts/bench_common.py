@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,17 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @contextmanager
 def local_broker(port: int, controller_port: int) -> Iterator[str]:
-    """Yield the bootstrap address of the broker on ``port``; start one (and stop it after) if none answers."""
-    broker = kafka_local.Broker(port, controller_port, ROOT / ".cache" / "kafka",
-                                Path(tempfile.gettempdir()) / f"seam-bench-kafka-{port}")
-    started = not kafka_local.metadata_ok(port)
-    if started:
-        broker.up()
-    try:
+    """Yield the bootstrap address of the broker on ``port``; start one (stopped and removed after) if none answers."""
+    with kafka_local.broker_for(port, controller_port, ROOT / ".cache" / "kafka") as (broker, _started):
         yield broker.bootstrap
-    finally:
-        if started:
-            broker.down()
 
 
 def replace_section(path: Path, heading: str, section: str) -> None:

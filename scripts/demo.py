@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -241,14 +240,15 @@ def main() -> int:
     args = parser.parse_args()
 
     port = int(os.environ.get("KAFKA_PORT", "9092"))
-    # A broker the demo starts itself keeps its data in a folder of its own, removed when it stops;
-    # one that already runs (make kafka-up) is only rid of the demo's topics at the end.
-    started_broker = not kafka_local.metadata_ok(port)
-    broker = kafka_local.Broker(port, int(os.environ.get("KAFKA_CONTROLLER_PORT", port + 1000)),
-                                ROOT / ".cache" / "kafka",
-                                Path(tempfile.mkdtemp(prefix="seam-demo-kafka-")) if started_broker else None)
-    if started_broker:
-        broker.up()
+    # A broker the demo starts itself lives in a temporary folder, removed when it stops; one that
+    # already runs (make kafka-up) is only rid of the demo's topics at the end.
+    with kafka_local.broker_for(port, int(os.environ.get("KAFKA_CONTROLLER_PORT", port + 1000)),
+                                ROOT / ".cache" / "kafka") as (broker, started_broker):
+        return demo(args, broker.bootstrap, own_broker=started_broker)
+
+
+def demo(args: argparse.Namespace, bootstrap: str, *, own_broker: bool) -> int:
+    """Run one worker on ``bootstrap`` under the demo's load; remove what the run created."""
     # Every run gets its own topics, consumer group and state: the synthetic clock runs hours ahead
     # of the wall clock, so a second run on the same topics would start behind the first run's
     # watermarks and all be late.
@@ -256,7 +256,7 @@ def main() -> int:
     data_dir = ROOT / ".data" / "demo" / run_id
     data_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)  # the user's SEAM_* settings apply, except the ones the demo owns below
-    env.update({"SEAM_BROKER_URL": f"kafka://{broker.bootstrap}", "SEAM_APP_ID": f"seam-demo-{run_id}",
+    env.update({"SEAM_BROKER_URL": f"kafka://{bootstrap}", "SEAM_APP_ID": f"seam-demo-{run_id}",
                 "SEAM_DATA_DIR": str(data_dir), "SEAM_INPUT_TOPIC": f"demo-{run_id}-transactions",
                 "SEAM_PREDICTIONS_TOPIC": f"demo-{run_id}-predictions", "SEAM_DLQ_TOPIC": f"demo-{run_id}-dlq",
                 "SEAM_LATE_TOPIC": f"demo-{run_id}-late", "SEAM_FEATURE_LOG_TOPIC": f"demo-{run_id}-features"})
@@ -276,16 +276,12 @@ def main() -> int:
         if worker is not None:
             worker.stop()
             console.print(f"worker stopped (pid {worker.pid})")
-        if started_broker:
-            broker.down()
-            shutil.rmtree(broker.run_dir, ignore_errors=True)
-        else:
-            asyncio.run(delete_topics(broker.bootstrap, run_id))
+        if not own_broker:  # a broker of the demo's own goes away with its data
+            asyncio.run(delete_topics(bootstrap, run_id))
         if code == 0:  # a failed run keeps its worker's log and state for a look
             shutil.rmtree(data_dir, ignore_errors=True)
         else:
             console.print(f"the worker's log and state stay in {data_dir}")
-
 
 if __name__ == "__main__":
     sys.exit(main())

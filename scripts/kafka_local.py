@@ -24,8 +24,10 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -285,6 +287,24 @@ class Broker:
         print(f"kafka_local: {'running' if ready else 'not running'} on {self.bootstrap}"
               + (f" (pid {pid})" if pid else ""))
         return 0 if ready else 1
+
+
+@contextlib.contextmanager
+def broker_for(port: int, controller_port: int, home: Path) -> Iterator[tuple[Broker, bool]]:
+    """The broker that answers on ``port`` (and ``False``), or one started for the caller (and ``True``)
+    in a temporary folder, stopped and removed afterwards: a command that needs a broker for a while
+    leaves no data behind."""
+    if metadata_ok(port):
+        yield Broker(port, controller_port, home), False
+        return
+    run_dir = Path(tempfile.mkdtemp(prefix=f"seam-kafka-{port}-"))
+    broker = Broker(port, controller_port, home, run_dir)
+    try:
+        broker.up()
+        yield broker, True
+    finally:
+        broker.down()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _reap(pid: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agents.metrics import BoundaryMetrics
@@ -75,13 +76,8 @@ def test_model_metrics_carry_the_model_and_its_version() -> None:
 
 
 def test_batches_are_refused_before_the_model_is_named() -> None:
-    metrics = BoundaryMetrics()
-    try:
-        metrics.on_batch(1, [0.0], 0.0, 0, 0, 1)
-    except RuntimeError as exc:
-        assert "bind_model" in str(exc)
-    else:
-        raise AssertionError("on_batch without a model")
+    with pytest.raises(RuntimeError, match="bind_model"):
+        BoundaryMetrics().on_batch(1, [0.0], 0.0, 0, 0, 1)
 
 
 def test_deadline_misses_are_one_warning_per_interval() -> None:
