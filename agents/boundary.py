@@ -159,6 +159,20 @@ class ModelBoundary(Generic[T]):
             self._add(items[start:end])
             start = end
 
+    def offer_many(self, items: Sequence[tuple[Sequence[float], T]]) -> int:
+        """Queue as many of ``items`` as fit now, never waiting; return how many were taken (the first ones).
+
+        For work that must not slow its caller down (a shadow model): what does not fit is the
+        caller's to drop and count.
+        """
+        if self._failure is not None:
+            return 0
+        room = max(0, self._capacity - len(self.batcher))
+        taken = items if len(items) <= room else items[:room]
+        if taken:
+            self._add(taken)
+        return len(taken)
+
     def _add(self, items: Sequence[tuple[Sequence[float], T]]) -> None:
         batcher = self.batcher
         was_empty = not len(batcher)

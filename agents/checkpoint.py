@@ -38,10 +38,10 @@ from typing import Any, Protocol
 
 from faust.types import TP
 
-from agents.boundary import ModelBoundary
 from agents.ingest import SkipCommit
 from agents.metrics import BoundaryMetrics
-from agents.pipeline import Pipeline, ScoringItem
+from agents.models import ModelSet
+from agents.pipeline import Pipeline
 from agents.transactions import TransactionalOutputs
 from app.faust_compat import drain_producer_buffer
 from tables.cache import StateCache
@@ -58,7 +58,7 @@ class Scoring(Protocol):
     """What a checkpoint reads of the scoring service (it creates them when the worker starts)."""
 
     pipeline: Pipeline | None
-    boundary: ModelBoundary[ScoringItem] | None
+    models: ModelSet | None
     metrics: BoundaryMetrics
 
     @property
@@ -89,9 +89,9 @@ class Checkpoint:
             return
         started = time.perf_counter()
         if self._transactions is not None:
-            boundary = self._scoring.boundary
-            if boundary is not None:
-                await boundary.flush()  # 1. drain
+            models = self._scoring.models
+            if models is not None:
+                await models.flush()  # 1. drain
             await pipeline.delivered()  # 2. outputs
             writes = pipeline.cache.flush(trim=False)  # 3. staged: RocksDB gets them after the commit
             self._observe(pipeline.cache, writes, time.perf_counter() - started)

@@ -23,6 +23,7 @@ __all__ = [
     "decode_feature_record",
     "feature_record",
     "prediction",
+    "shadow_score",
 ]
 
 MAX_RECORD_BYTES = 64 * 1024
@@ -184,6 +185,11 @@ def prediction(
         "model": model,
         "timing": {"queue_ms": round(queue_ms, 3), "infer_ms": round(infer_ms, 3), "batch_size": batch_size},
     })
+
+
+def shadow_score(tx: Transaction, *, score: float, model: str) -> bytes:
+    """Encode one shadow model's score (keyed by card like the prediction it shadows, for offline comparison)."""
+    return orjson.dumps({"id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "score": score, "model": model})
 
 
 _FEATURE_HEADER = struct.Struct("<B6sqH")  # format, feature-set digest, event time (ms), feature count

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -13,12 +14,13 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["BatchHistogram", "BoundaryMetrics", "BreachLog"]
+__all__ = ["BatchHistogram", "BoundaryMetrics", "BreachLog", "ModelMetrics"]
 
 logger = logging.getLogger(__name__)
 
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+_SCORE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0,
                     5.0)
 
@@ -62,7 +64,10 @@ class _Series:
 
     def observe_many(self, values: Iterable[float]) -> None:
         """Record many values at once (a batch's or a fetch's)."""
-        self._add(np.array(values if isinstance(values, list | tuple) else list(values), dtype=np.float64))
+        if isinstance(values, np.ndarray):
+            self._add(values.astype(np.float64))
+        else:
+            self._add(np.array(values if isinstance(values, list | tuple) else list(values), dtype=np.float64))
 
     def observe_ages(self, now_ms: float, timestamps_ms: Sequence[int]) -> None:
         """Record how long ago each of ``timestamps_ms`` was, in seconds (never below 0), at ``now_ms``."""
@@ -176,8 +181,8 @@ class BreachLog:
 class BoundaryMetrics:
     """One registry per worker; the boundary reports each batch, the pipeline its records.
 
-    The model's metrics carry the model's ``model`` and ``version`` labels once :meth:`bind_model`
-    has named it (the boundary reports no batch before that).
+    Each served model reports its batches to its own :class:`ModelMetrics` (:meth:`for_model`): every
+    model metric carries the ``model`` and ``version`` labels.
     """
 
     MODEL_LABELS = ("model", "version")
@@ -198,8 +203,17 @@ class BoundaryMetrics:
         self.failed_rows = Counter("seam_inference_failed_rows", "Rows isolated as failing inference.", model,
                                    registry=r)
         self.batch_target = Gauge("seam_adaptive_batch_target", "Current batch size target.", model, registry=r)
-        self.model = Gauge("seam_model_info", "The model served (1) and the provider it really runs on.",
-                           [*model, "provider"], registry=r)
+        self.model = Gauge("seam_model_info", "The models served (1), their role (primary, canary, shadow) and "
+                           "the provider each really runs on.", [*model, "provider", "role"], registry=r)
+        self.scores = BatchHistogram("seam_scores", "Scores given, by model (the shadow's included).",
+                                     buckets=_SCORE_BUCKETS, labelnames=model, registry=r)
+        self.deployment_revision = Gauge("seam_model_deployment_revision", "The deployment revision served (0: "
+                                         "SEAM_MODEL_PATH, nothing deployed through the control topic).", registry=r)
+        self.deployment_rejections = Counter(
+            "seam_model_deployment_rejections", "Deployments refused (the current models kept serving), by reason: "
+            "missing_file, sha256_mismatch, not_a_model, contract, invalid_record.", ["reason"], registry=r)
+        self.shadow_dropped = Counter("seam_shadow_dropped_rows", "Rows the shadow model could not take (its queue "
+                                      "was full) and did not score.", model, registry=r)
         self.sla = Gauge("seam_sla_seconds", "The boundary's latency budget per record (SEAM_SLA_MS).", registry=r)
         self.events_in = Counter("seam_events_in", "Input records handled.", registry=r)
         self.events_out = Counter("seam_events_out", "Output records delivered, by kind and topic.",
@@ -230,7 +244,6 @@ class BoundaryMetrics:
         self.cached_cards = Gauge("seam_state_cached_cards", "Card states held in memory.", registry=r)
         self.cached_events = Gauge("seam_state_cached_events", "Events held in the card states in memory.",
                                    registry=r)
-        self._model: tuple[str, str] | None = None
         self.breaches = BreachLog()
 
     def set_sla(self, sla_s: float) -> None:
@@ -238,30 +251,46 @@ class BoundaryMetrics:
         self.sla.set(sla_s)
         self.breaches.sla_s = sla_s
 
-    def bind_model(self, name: str, version: str, provider: str) -> None:
-        """Name the model whose batches :meth:`on_batch` records (its labels on every model metric)."""
-        labels = self._model = (name, version)
-        self.model.labels(*labels, provider).set(1)
-        self._batch_size = self.batch_size.labels(*labels)
-        self._queue_delay = self.queue_delay.labels(*labels)
-        self._inference = self.inference.labels(*labels)
-        self._failed_rows = self.failed_rows.labels(*labels)
-        self._batch_target = self.batch_target.labels(*labels)
-        self._misses = {stage: self.deadline_misses.labels(stage, *labels) for stage in ("ingest", "boundary")}
+    def for_model(self, name: str, version: str, provider: str, role: str) -> ModelMetrics:
+        """The series of one model served in ``role`` (its ``model`` and ``version`` labels on every model metric)."""
+        return ModelMetrics(self, name, version, provider, role)
+
+
+class ModelMetrics:
+    """One served model's series: its boundary reports each batch here (a :class:`BatchObserver`)."""
+
+    def __init__(self, metrics: BoundaryMetrics, name: str, version: str, provider: str, role: str) -> None:
+        labels = (name, version)
+        self._metrics, self._info = metrics, (*labels, provider, role)
+        metrics.model.labels(*self._info).set(1)
+        self._batch_size = metrics.batch_size.labels(*labels)
+        self._queue_delay = metrics.queue_delay.labels(*labels)
+        self._inference = metrics.inference.labels(*labels)
+        self._failed_rows = metrics.failed_rows.labels(*labels)
+        self._batch_target = metrics.batch_target.labels(*labels)
+        self._misses = {stage: metrics.deadline_misses.labels(stage, *labels) for stage in ("ingest", "boundary")}
+        self.scores = metrics.scores.labels(*labels)
+        self.shadow_dropped = metrics.shadow_dropped.labels(*labels)
+        self._breaches = metrics.breaches if role != "shadow" else None  # a shadow has no deadline to keep
+
+    def retire(self) -> None:
+        """The model no longer serves in this role: drop its ``seam_model_info`` series (counts stay)."""
+        with contextlib.suppress(KeyError):  # retired once already
+            self._metrics.model.remove(*self._info)
 
     def on_batch(self, size: int, queue_s: Sequence[float], infer_s: float, failed_rows: int,
                  deadline_misses: int, target_size: int, arrived_late: int = 0) -> None:
-        """Record one completed batch (of the model named by :meth:`bind_model`)."""
-        if self._model is None:
-            raise RuntimeError("bind_model() names the model before batches are recorded")
+        """Record one completed batch of this model."""
         self._batch_size.observe(size)
         self._queue_delay.observe_many(queue_s)
         self._inference.observe(infer_s)
+        if failed_rows:
+            self._failed_rows.inc(failed_rows)
+        self._batch_target.set(target_size)
+        if self._breaches is None:
+            return
         if arrived_late:
             self._misses["ingest"].inc(arrived_late)
         if deadline_misses > arrived_late:
             self._misses["boundary"].inc(deadline_misses - arrived_late)
-        if failed_rows:
-            self._failed_rows.inc(failed_rows)
-        self._batch_target.set(target_size)
-        self.breaches.record(size, deadline_misses, arrived_late)
+        self._breaches.record(size, deadline_misses, arrived_late)

@@ -13,11 +13,11 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from agents.boundary import BatchResult, ModelBoundary
+from agents.boundary import BatchResult
 from agents.codec import (
     MAX_RECORD_BYTES,
     Invalid,
@@ -64,6 +64,12 @@ class ScoringItem:
     state_epoch: int
 
 
+class Boundary(Protocol):
+    """Where the pipeline hands its rows: a model boundary, or the models of a deployment (agents.models)."""
+
+    async def submit_many(self, items: Sequence[tuple[Sequence[float], ScoringItem]]) -> None: ...
+
+
 HANDLE_STEP_S = 0.002  # the most handling work in one event-loop turn, across batches (checked per 16 records)
 HANDLE_CHECK_EVERY = 16
 
@@ -77,7 +83,7 @@ class Pipeline:
 
     def __init__(
         self,
-        boundary: ModelBoundary[ScoringItem],
+        boundary: Boundary,
         outputs: Outputs,
         cache: StateCache,
         *,

@@ -6,6 +6,7 @@ Runtime releases the GIL while it computes), never on the event loop.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -16,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["ModelContractError", "ModelInfo", "ModelRuntime", "DeviceUnavailableError", "runtime_package"]
+__all__ = ["ModelContractError", "ModelFileError", "ModelInfo", "ModelRuntime", "DeviceUnavailableError",
+           "runtime_package"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,14 @@ class ModelContractError(RuntimeError):
     """The model file does not match what seam feeds it or expects back."""
 
 
+class ModelFileError(ModelContractError):
+    """The model file is missing, unreadable, not a model, or its bytes are not the ones a deployment names."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # missing_file, sha256_mismatch or not_a_model
+
+
 class DeviceUnavailableError(RuntimeError):
     """``SEAM_DEVICE=cuda`` was asked for but the session does not run on CUDA."""
 
@@ -52,12 +62,13 @@ class ModelInfo:
     feature_names: tuple[str, ...]
     input_name: str
     output_name: str
+    sha256: str = ""
 
     @property
     def tag(self) -> str:
         return f"{self.name}@{self.version}"
 
-def _session(path: Path, providers: list[str], threads: int) -> ort.InferenceSession:
+def _session(model: Path | bytes, providers: list[str], threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 4  # failures surface as exceptions, logged by seam with context
     if threads > 0:
@@ -70,11 +81,13 @@ def _session(path: Path, providers: list[str], threads: int) -> ort.InferenceSes
     # against 0.1 ms without).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, sess_options=options, providers=providers)
 
 
-def open_session(path: Path, device: str, threads: int = 1) -> ort.InferenceSession:
-    """Open a session on the device policy ``auto``, ``cpu`` or ``cuda`` and verify where it runs."""
+def open_session(path: Path | bytes, device: str, threads: int = 1) -> ort.InferenceSession:
+    """Open a session (from a file or its bytes) on the device policy ``auto``, ``cpu`` or ``cuda`` and
+    verify where it runs."""
     ort.set_default_logger_severity(3)
     if device == "cpu":
         return _session(path, [CPU], threads)
@@ -119,13 +132,32 @@ class ModelRuntime:
         feature_names: Sequence[str],
         device: str = "auto",
         threads: int = 1,
+        sha256: str | None = None,
     ) -> ModelRuntime:
-        """Open the model, check its contract against ``feature_names`` and report the provider."""
+        """Open the model, check its contract against ``feature_names`` and report the provider.
+
+        With ``sha256`` the file's bytes must hash to it (a deployment names the file it means): they
+        are read once, hashed, and the session is built from those same bytes.
+        """
         path = Path(path)
-        if not path.is_file():
-            raise ModelContractError(f"model file {path} does not exist (SEAM_MODEL_PATH)")
-        session = open_session(path, device, threads)
-        info = _check_contract(session, path, tuple(feature_names))
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ModelFileError(f"model file {path} does not exist", "missing_file") from None
+        except OSError as exc:
+            raise ModelFileError(f"model file {path} cannot be read: {exc}", "missing_file") from None
+        digest = hashlib.sha256(data).hexdigest()
+        if sha256 is not None and digest != sha256:
+            raise ModelFileError(f"model file {path} has SHA-256 {digest}, the deployment names {sha256}",
+                                 "sha256_mismatch")
+        try:
+            session = open_session(data, device, threads)
+        except DeviceUnavailableError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types for a broken file
+            raise ModelFileError(f"model file {path} is not a model ONNX Runtime can load: {exc}",
+                                 "not_a_model") from None
+        info = _check_contract(session, path, tuple(feature_names), digest)
         logger.info("model %s loaded from %s on %s", info.tag, path, info.provider)
         return cls(session, info)
 
@@ -145,7 +177,7 @@ class ModelRuntime:
             self.predict(np.zeros((size, width), dtype=np.float32))
 
 
-def _check_contract(session: ort.InferenceSession, path: Path, expected: tuple[str, ...]) -> ModelInfo:
+def _check_contract(session: ort.InferenceSession, path: Path, expected: tuple[str, ...], sha256: str) -> ModelInfo:
     meta = session.get_modelmeta()
     props = meta.custom_metadata_map
     if "feature_names" not in props:
@@ -185,4 +217,5 @@ def _check_contract(session: ort.InferenceSession, path: Path, expected: tuple[s
         feature_names=names,
         input_name=inp.name,
         output_name=out.name,
+        sha256=sha256,
     )

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import faust
+import numpy as np
 from faust import Stream
 from faust.types import EventT
 from mode import Service
@@ -30,11 +31,15 @@ from mode import Service
 from agents import ingest
 from agents.boundary import BatchResult, ModelBoundary
 from agents.checkpoint import Checkpoint
-from agents.metrics import BoundaryMetrics
+from agents.codec import shadow_score
+from agents.control import ControlFollower
+from agents.deployment import DeploymentError, ModelRef, initial
+from agents.metrics import BoundaryMetrics, ModelMetrics
+from agents.models import ModelSet, Rejection
 from agents.monitor import InputPartition, Restore, Snapshot, StatePartition, WorkerCollector
 from agents.outputs import OutputProducer
 from agents.pipeline import Outputs, Pipeline, ScoringItem, Send
-from agents.runtime import ModelRuntime
+from agents.runtime import ModelInfo, ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
 from app.faust_compat import committed_offset, restore_state, rocksdb_partitions
 from app.settings import Settings
@@ -63,6 +68,13 @@ def _age_s(item: ScoringItem) -> float:
     return max(0.0, time.time() - item.record.timestamp / 1000)
 
 
+def _scored(result: BatchResult[ScoringItem]) -> np.ndarray:
+    """A batch's scores without the rows whose inference failed."""
+    if not result.row_errors:
+        return result.scores
+    return np.delete(result.scores, list(result.row_errors))
+
+
 def _tune_garbage_collection() -> None:
     """Keep CPython's cyclic collector from stalling the event loop (reference counting frees the rest).
 
@@ -81,13 +93,19 @@ GC_YOUNG_ALLOCATIONS = 20_000
 
 
 class ScoringService(Service):
-    """Owns the model runtime, the boundary and the pipeline; delivers scored batches to Kafka."""
+    """Owns the models (agents.models), their boundaries and the pipeline; delivers scored batches to Kafka.
+
+    The models served are the control topic's deployment (agents.control), followed while the worker
+    runs; with none there, ``SEAM_MODEL_PATH``.
+    """
 
     def __init__(self, app: faust.App, settings: Settings, tables: StateTables, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.app, self.settings, self.tables = app, settings, tables
-        self.runtime: ModelRuntime | None = None
-        self.boundary: ModelBoundary[ScoringItem] | None = None
+        self.models: ModelSet | None = None
+        self.control: ControlFollower | None = None
+        self.shadow_producer: OutputProducer | None = None
+        self._shadow_starting = asyncio.Lock()
         self.pipeline: Pipeline | None = None
         self.metrics = BoundaryMetrics()
         WorkerCollector(self._snapshot, registry=self.metrics.registry)
@@ -141,18 +159,6 @@ class ScoringService(Service):
         if self.changelog is not None:
             self.changelog_producer = ChangelogProducer(settings.broker_bootstrap)
             await self.changelog_producer.start()
-        runtime = await asyncio.to_thread(
-            ModelRuntime.load, settings.model_path, feature_names=DEFAULT_SPEC.names,
-            device=settings.device, threads=settings.inference_threads)
-        sizes = sorted({1, min(8, settings.max_batch_size), settings.max_batch_size})
-        await asyncio.to_thread(runtime.warmup, sizes)
-        boundary: ModelBoundary[ScoringItem] = ModelBoundary(
-            runtime.predict, self._deliver,
-            max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
-            max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
-            adaptive=settings.adaptive_batching, observer=self.metrics if settings.metrics else None,
-            age_of=_age_s)
-        self.metrics.bind_model(runtime.info.name, runtime.info.version, runtime.info.provider)
         self.metrics.set_sla(settings.sla_ms / 1000)
         send: Send
         if self.transactions is not None:
@@ -176,31 +182,89 @@ class ScoringService(Service):
             store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
             max_clean_cards=settings.state_cache_cards, max_clean_events=settings.state_cache_events,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
+        models = ModelSet(self._load_model, self._serve, self._on_dispatch_failure)
         self.pipeline = Pipeline(
-            boundary, outputs, cache, allowed_lateness_ms=lateness_ms,
+            models, outputs, cache, allowed_lateness_ms=lateness_ms,
             on_delivery_failure=self._on_delivery_failure,
             # The plain Faust path has no commit hook: write each batch's changes through at once.
             write_through=settings.ingest == "stream", metrics=self.metrics if settings.metrics else None,
             max_record_bytes=settings.max_record_bytes)
-        self.runtime, self.boundary = runtime, boundary
+        # The control topic's deployment first: a worker that starts later serves what the others serve.
+        self.control = ControlFollower(settings.broker_bootstrap, settings.model_control_topic)
+        await self.control.start()
+        default = initial(await asyncio.to_thread(ModelRef.of, settings.model_path))
+        latest = await self.control.catch_up()
+        if isinstance(latest, DeploymentError):
+            models.reject(None, latest)
+            self.metrics.deployment_rejections.labels("invalid_record").inc()
+            latest = None
+        if latest is None:
+            await models.start(default)
+        else:
+            await models.start(latest, fallback=default)
+            if models.rejected is not None:
+                self.metrics.deployment_rejections.labels(models.rejected.reason).inc()
+        self.models = models
+        self._observe_deployment()
         _tune_garbage_collection()
         self._ready.set()
-        logger.info("model boundary ready: %s on %s, ingest=%s max_batch_size=%d max_wait_ms=%s sla_ms=%s "
-                    "adaptive=%s guarantee=%s", runtime.info.tag, runtime.info.provider, settings.ingest,
+        primary = models.primary
+        assert primary is not None
+        logger.info("model boundary ready: %s, ingest=%s max_batch_size=%d max_wait_ms=%s sla_ms=%s "
+                    "adaptive=%s guarantee=%s", models.describe_short(), settings.ingest,
                     settings.max_batch_size, settings.max_wait_ms, settings.sla_ms, settings.adaptive_batching,
                     settings.processing_guarantee)
+
+    def _load_model(self, ref: ModelRef) -> ModelRuntime:
+        """Read, hash, open, check and warm one model (blocking: on a thread of its own)."""
+        settings = self.settings
+        runtime = ModelRuntime.load(ref.path, feature_names=DEFAULT_SPEC.names, device=settings.device,
+                                    threads=settings.inference_threads, sha256=ref.sha256)
+        runtime.warmup(sorted({1, min(8, settings.max_batch_size), settings.max_batch_size}))
+        return runtime
+
+    def _serve(self, runtime: ModelRuntime, role: str) -> tuple[ModelBoundary[ScoringItem], ModelMetrics]:
+        """A boundary for ``runtime`` in ``role``: its scores become predictions, or shadow scores."""
+        settings, info = self.settings, runtime.info
+        metrics = self.metrics.for_model(info.name, info.version, info.provider, role)
+        deliver = (functools.partial(self._deliver_shadow, info, metrics) if role == "shadow"
+                   else functools.partial(self._deliver, info, metrics))
+        boundary: ModelBoundary[ScoringItem] = ModelBoundary(
+            runtime.predict, deliver,
+            max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
+            max_inflight_batches=settings.max_inflight_batches, sla_ms=settings.sla_ms,
+            adaptive=settings.adaptive_batching, observer=metrics if settings.metrics else None,
+            # A shadow keeps no deadline: its rows' scores change nothing downstream.
+            age_of=None if role == "shadow" else _age_s)
+        return boundary, metrics
+
+    @property
+    def runtime(self) -> ModelRuntime | None:
+        """The primary model (the one every card not on a canary gets)."""
+        primary = None if self.models is None else self.models.primary
+        return None if primary is None else primary.runtime
+
+    @property
+    def boundary(self) -> ModelBoundary[ScoringItem] | None:
+        """The primary model's boundary."""
+        primary = None if self.models is None else self.models.primary
+        return None if primary is None else primary.boundary
 
     async def on_stop(self) -> None:
         # The app has stopped fetching by now. Commit what is delivered while the changelog producer
         # still runs (the consumer's own last commit comes after this service has stopped).
         if self.pipeline is not None and self.output_producer is not None:
             await self.app.consumer.commit()
-        if self.boundary is not None:
-            self.boundary.close()
-        for producer in (self.output_producer, self.feature_log_producer, self.changelog_producer):
+        if self.models is not None:
+            await self.models.close()
+        if self.control is not None:
+            await self.control.stop()
+            self.control = None
+        for producer in (self.output_producer, self.feature_log_producer, self.changelog_producer,
+                         self.shadow_producer):
             if producer is not None:
                 await producer.stop()
-        self.output_producer = self.feature_log_producer = self.changelog_producer = None
+        self.output_producer = self.feature_log_producer = self.changelog_producer = self.shadow_producer = None
 
     async def wait_ready(self) -> Pipeline:
         """Return the pipeline once the model is loaded."""
@@ -209,15 +273,33 @@ class ScoringService(Service):
         return self.pipeline
 
     @Service.task
-    async def _dispatch(self) -> None:
+    async def _follow_deployments(self) -> None:
+        """Apply each new deployment the control topic brings (the newest, when several arrive at once)."""
         await self.wait_ready()
-        assert self.boundary is not None
-        try:
-            await self.boundary.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await self.crash(exc)
+        models, control = self.models, self.control
+        assert models is not None and control is not None
+        while not self.should_stop:
+            latest = await control.next(timeout_s=1.0)
+            if latest is None:
+                continue
+            rejection: Rejection | None
+            if isinstance(latest, DeploymentError):
+                rejection = models.reject(None, latest)
+            elif models.deployment is not None and latest.revision == models.deployment.revision \
+                    and latest.same_models(models.deployment):
+                continue
+            elif await models.apply(latest):
+                self._observe_deployment()
+                continue
+            else:
+                rejection = models.rejected
+            if rejection is not None:
+                self.metrics.deployment_rejections.labels(rejection.reason).inc()
+
+    def _observe_deployment(self) -> None:
+        models = self.models
+        if models is not None and models.deployment is not None:
+            self.metrics.deployment_revision.set(models.deployment.revision)
 
     @Service.task
     async def _write_behind(self) -> None:
@@ -234,9 +316,46 @@ class ScoringService(Service):
             await asyncio.sleep(interval_s)
             lag.observe(max(0.0, time.perf_counter() - started - interval_s))
 
-    async def _deliver(self, result: BatchResult[ScoringItem]) -> None:
-        assert self.pipeline is not None and self.runtime is not None
-        await self.pipeline.deliver(result, self.runtime.info, self.settings.fraud_threshold)
+    async def _deliver(self, info: ModelInfo, metrics: ModelMetrics, result: BatchResult[ScoringItem]) -> None:
+        assert self.pipeline is not None
+        await self.pipeline.deliver(result, info, self.settings.fraud_threshold)
+        if self.settings.metrics:
+            metrics.scores.observe_many(_scored(result))
+
+    async def _deliver_shadow(self, info: ModelInfo, metrics: ModelMetrics, result: BatchResult[ScoringItem]
+                              ) -> None:
+        """Send a shadow batch's scores; nothing waits for them and no record's acknowledgement depends on them."""
+        producer = self.shadow_producer
+        if producer is None:
+            async with self._shadow_starting:
+                if self.shadow_producer is None:
+                    started = OutputProducer(self.settings.broker_bootstrap)
+                    await started.start()
+                    self.shadow_producer = started
+            producer = self.shadow_producer
+            assert producer is not None
+        topic, tag, errors = self.settings.shadow_topic, info.tag, result.row_errors
+        deliveries = []
+        for index, (item, score) in enumerate(zip(result.items, result.scores.tolist(), strict=True)):
+            if index not in errors:
+                deliveries.append(await producer.send(
+                    None, topic, item.tx.card_id.encode(), shadow_score(item.tx, score=score, model=tag)))
+        if self.settings.metrics:
+            metrics.scores.observe_many(_scored(result))
+        if deliveries:
+            asyncio.gather(*deliveries).add_done_callback(functools.partial(self._shadow_delivered, len(deliveries)))
+
+    def _shadow_delivered(self, count: int, done: asyncio.Future[Any]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            error = "cancelled" if done.cancelled() else repr(done.exception())
+            logger.warning("%d shadow scores could not be delivered: %s (predictions are not affected)", count, error)
+            return
+        if self.settings.metrics:
+            self.metrics.events_out.labels("shadow", self.settings.shadow_topic).inc(count)
+
+    def _on_dispatch_failure(self, error: BaseException) -> None:
+        logger.error("a model boundary failed: %r; stopping the worker", error)
+        self.add_future(self.crash(error))
 
     def _on_delivery_failure(self, error: BaseException) -> None:
         # Not acknowledging keeps the offset uncommitted; stopping makes the record come back.
@@ -356,8 +475,8 @@ class BatchIngestion:
 
         @ingestion.before_revoke
         async def _flush_boundary() -> None:
-            if scoring.boundary is not None:
-                await scoring.boundary.flush()
+            if scoring.models is not None:
+                await scoring.models.flush()
 
         ingestion.before_commit(checkpoint.before_offsets)
 

@@ -1,22 +1,30 @@
-"""seam's own commands beside Faust's (``seam produce``, ``seam bench``), added to an app by :func:`register`."""
+"""seam's own commands beside Faust's (``seam produce``, ``seam bench``, ``seam model``), added to an app by
+:func:`register`."""
 
 from __future__ import annotations
 
+import functools
+import json
 import time
+from collections.abc import Callable
 
+import click
 import faust
-from faust.cli import AppCommand, option
+from faust.cli import AppCommand, argument, option
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from agents import control
+from agents.deployment import Deployment, DeploymentError, ModelRef, deploy, initial, promote, rollback, set_shadow
 from app.loadgen import produce
 from app.settings import Settings
 from app.synthetic import TransactionGenerator
+from app.topics import ensure_topics
 
 __all__ = ["register"]
 
 
 def register(app: faust.App, settings: Settings) -> None:
-    """Add ``seam produce`` and ``seam bench`` to ``app``'s command line."""
+    """Add ``seam produce``, ``seam bench`` and ``seam model`` to ``app``'s command line."""
 
     @app.command(
         option("--rate", type=float, default=1000.0, show_default=True, help="Transactions per second."),
@@ -74,3 +82,81 @@ def register(app: faust.App, settings: Settings) -> None:
             argv += [name, value] if value else []
         args = bench_cli.build_parser().parse_args(argv)
         await bench_cli.run(args, "seam bench " + " ".join(argv[2:]), settings.broker_bootstrap)
+
+
+    # Faust's own `faust model NAME` (the fields of a faust.Record) means nothing to seam, whose records
+    # are not Faust models: `seam model` is the model deployment command.
+    import faust.cli.faust  # noqa: F401 - registers Faust's commands, so the one replaced here is there
+    from faust.cli.base import cli
+
+    cli.commands.pop("model", None)
+
+    @app.command(
+        argument("action", type=click.Choice(MODEL_ACTIONS)),
+        argument("path", required=False),
+        option("--canary", type=click.FloatRange(0, 100, min_open=True, max_open=True), default=None,
+               help="deploy: score this percentage of the cards with PATH (a canary); the rest stay on the primary."),
+        option("--shadow", "shadow", default=None,
+               help="deploy: also score every row with this model off the critical path (its scores go to "
+                    "SEAM_SHADOW_TOPIC)."),
+        name="model",
+    )
+    async def model_command(self: AppCommand, action: str, path: str | None, canary: float | None,
+                            shadow: str | None) -> None:
+        """Deploy, promote, roll back or show the models every worker serves (the control topic's record).
+
+        \b
+        seam model deploy PATH [--canary PERCENT] [--shadow PATH]
+        seam model promote           the canary becomes the primary
+        seam model rollback          withdraw the canary, or go back to the previous primary
+        seam model shadow PATH|off   start, replace or stop a shadow model
+        seam model status            the deployment the workers converge on
+        """
+        bootstrap, topic = settings.broker_bootstrap, settings.model_control_topic
+        await ensure_topics(bootstrap, [], 1, settings.topic_replication_factor, compacted=[topic])
+        try:
+            if action == "status":
+                current = await control.read_latest(bootstrap, topic)
+                deployment = current if current is not None else initial(ModelRef.of(settings.model_path))
+                self.say(describe(deployment, source="control topic" if current is not None else "SEAM_MODEL_PATH"))
+                return
+            transition = _transition(action, path, canary, shadow)
+            updated = await control.change(bootstrap, topic, lambda: initial(ModelRef.of(settings.model_path)),
+                                           transition)
+        except DeploymentError as exc:
+            raise SystemExit(f"seam model {action}: {exc}") from None
+        self.say(describe(updated, source=f"written to {topic}"))
+
+
+MODEL_ACTIONS = ("deploy", "promote", "rollback", "shadow", "status")
+
+
+def _transition(action: str, path: str | None, canary: float | None,
+                shadow: str | None) -> Callable[[Deployment], Deployment]:
+    """The change a ``seam model`` action makes to the current deployment (files are hashed here, now)."""
+    if action in ("deploy", "shadow") and not path:
+        raise DeploymentError(f"seam model {action} needs a PATH")
+    if action != "deploy" and (canary is not None or shadow is not None):
+        raise DeploymentError("--canary and --shadow go with seam model deploy")
+    if action == "deploy":
+        assert path is not None
+        return functools.partial(deploy, model=ModelRef.of(path), canary_percent=canary,
+                                 shadow=None if shadow is None else ModelRef.of(shadow))
+    if action == "shadow":
+        assert path is not None
+        ref = None if path == "off" else ModelRef.of(path)
+        return lambda current: set_shadow(current, ref)
+    return promote if action == "promote" else rollback
+
+
+def describe(deployment: Deployment, *, source: str) -> str:
+    """A deployment for people: one line per model, then the record itself."""
+    lines = [f"deployment revision {deployment.revision} ({deployment.command or 'start'}; {source})",
+             f"  primary  {deployment.primary.path}  sha256 {deployment.primary.sha256[:12]}"]
+    if deployment.canary is not None:
+        lines.append(f"  canary   {deployment.canary.path}  sha256 {deployment.canary.sha256[:12]}  "
+                     f"{deployment.canary_percent:g} % of cards")
+    if deployment.shadow is not None:
+        lines.append(f"  shadow   {deployment.shadow.path}  sha256 {deployment.shadow.sha256[:12]}")
+    lines.append(json.dumps(deployment.as_dict(with_history=False)))
+    return "\n".join(lines)

@@ -40,6 +40,10 @@ class Settings:
     late_topic: str = "transactions-late"
     # Each prediction's point-in-time features, for retraining; empty turns the feature log off.
     feature_log_topic: str = "features"
+    # The deployment every worker serves (seam model deploy/promote/rollback write it): compacted, one partition.
+    model_control_topic: str = "model-deployments"
+    # The shadow model's scores (id, card, model, score), when a deployment has a shadow.
+    shadow_topic: str = "predictions-shadow"
     topic_partitions: int = 8
     topic_replication_factor: int = 1
     max_poll_records: int = 2000
@@ -113,6 +117,8 @@ class Settings:
                 f"SEAM_MAX_INFLIGHT_BATCHES must be >= 1, got {self.max_inflight_batches}")
         if self.inference_threads < 0:
             raise SettingsError(f"SEAM_INFERENCE_THREADS must be >= 0, got {self.inference_threads}")
+        if not self.model_control_topic or not self.shadow_topic:
+            raise SettingsError("SEAM_MODEL_CONTROL_TOPIC and SEAM_SHADOW_TOPIC must not be empty")
         if self.log_format not in {"text", "json"}:
             raise SettingsError(f"SEAM_LOG_FORMAT must be text or json, got {self.log_format!r}")
         if self.ingest not in {"batch", "stream"}:

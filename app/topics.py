@@ -51,12 +51,18 @@ async def ensure_topics(
 def declare_topics(settings: Settings, changelogs: list[str], timeout_s: float = 60.0) -> None:
     """Create the input, output and table changelog topics; callable before Faust's loop runs."""
     names = [settings.input_topic, settings.predictions_topic, settings.dlq_topic, settings.late_topic,
-             *([settings.feature_log_topic] if settings.feature_log_topic else [])]
-    coro = ensure_topics(settings.broker_bootstrap, names, settings.topic_partitions,
-                         settings.topic_replication_factor, compacted=changelogs)
+             settings.shadow_topic, *([settings.feature_log_topic] if settings.feature_log_topic else [])]
+
+    async def create() -> None:
+        await ensure_topics(settings.broker_bootstrap, names, settings.topic_partitions,
+                            settings.topic_replication_factor, compacted=changelogs)
+        # One partition: one record (the deployment), read in full by every worker and command.
+        await ensure_topics(settings.broker_bootstrap, [], 1, settings.topic_replication_factor,
+                            compacted=[settings.model_control_topic])
+
     # Its own thread and loop: Faust's loop is not running yet and must not be replaced.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(asyncio.run, coro).result(timeout=timeout_s)
+        pool.submit(asyncio.run, create()).result(timeout=timeout_s)
 
 
 async def delete_topics(bootstrap: str, containing: str) -> list[str]:

@@ -32,15 +32,17 @@ def register(app: faust.App, settings: Settings, scoring: ScoringService, tables
 
     @app.page("/model/")
     class ModelView(View):
-        """The model this worker serves, the provider it really runs on, and the boundary's counters."""
+        """The primary model this worker serves (the provider it really runs on, the boundary's counters), and
+        its whole deployment: revision, primary, canary and its share, shadow, the last deployment refused."""
 
         async def get(self, request: Request) -> Response:
-            runtime, boundary = scoring.runtime, scoring.boundary
-            if runtime is None or boundary is None:
+            runtime, boundary, models = scoring.runtime, scoring.boundary, scoring.models
+            if runtime is None or boundary is None or models is None:
                 return self.json({"status": "loading"}, status=503)
             info = runtime.info
             return self.json({
                 "model": info.tag,
+                "deployment": models.describe(),
                 "path": info.path,
                 "provider": info.provider,
                 "runtime": runtime_package(),

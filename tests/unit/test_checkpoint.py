@@ -29,7 +29,7 @@ class Scoring:
     def __init__(self, cache: StateCache, log: list[str]) -> None:
         self.log = log
         self.pipeline: Any = SimpleNamespace(cache=cache, delivered=self._delivered)
-        self.boundary: Any = SimpleNamespace(flush=self._flush)
+        self.models: Any = SimpleNamespace(flush=self._flush)
         self.metrics = BoundaryMetrics()
         self.stopping = False
         self.crashed: list[BaseException] = []

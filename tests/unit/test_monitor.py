@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
+import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agents.metrics import BoundaryMetrics
@@ -61,11 +61,12 @@ def test_no_snapshot_no_samples() -> None:
 
 def test_model_metrics_carry_the_model_and_its_version() -> None:
     metrics = BoundaryMetrics()
-    metrics.bind_model("fraud-mlp", "3", "CPUExecutionProvider")
-    metrics.on_batch(4, [0.001] * 4, 0.002, failed_rows=1, deadline_misses=2, target_size=8, arrived_late=1)
+    model_metrics = metrics.for_model("fraud-mlp", "3", "CPUExecutionProvider", "primary")
+    model_metrics.on_batch(4, [0.001] * 4, 0.002, failed_rows=1, deadline_misses=2, target_size=8, arrived_late=1)
     lines = generate_latest(metrics.registry).decode().splitlines()
     model = 'model="fraud-mlp",version="3"'
-    assert 'seam_model_info{model="fraud-mlp",provider="CPUExecutionProvider",version="3"} 1.0' in lines
+    info = 'seam_model_info{model="fraud-mlp",provider="CPUExecutionProvider",role="primary",version="3"} 1.0'
+    assert info in lines
     assert f'seam_batch_size_count{{{model}}} 1.0' in lines
     assert f'seam_queue_delay_seconds_count{{{model}}} 4.0' in lines
     assert f'seam_inference_seconds_count{{{model}}} 1.0' in lines
@@ -75,9 +76,27 @@ def test_model_metrics_carry_the_model_and_its_version() -> None:
     assert 'seam_deadline_misses_total{model="fraud-mlp",stage="boundary",version="3"} 1.0' in lines
 
 
-def test_batches_are_refused_before_the_model_is_named() -> None:
-    with pytest.raises(RuntimeError, match="bind_model"):
-        BoundaryMetrics().on_batch(1, [0.0], 0.0, 0, 0, 1)
+def test_each_model_of_a_deployment_has_its_own_series_and_a_retired_one_leaves_the_info() -> None:
+    metrics = BoundaryMetrics()
+    primary = metrics.for_model("fraud-mlp", "1", "CPUExecutionProvider", "primary")
+    canary = metrics.for_model("fraud-mlp", "2", "CPUExecutionProvider", "canary")
+    shadow = metrics.for_model("fraud-mlp", "3", "CPUExecutionProvider", "shadow")
+    primary.on_batch(4, [0.001] * 4, 0.002, 0, 0, 8)
+    canary.on_batch(1, [0.001], 0.002, 0, 0, 8)
+    shadow.on_batch(2, [0.5] * 2, 0.002, 0, deadline_misses=2, target_size=8)
+    canary.scores.observe_many(np.asarray([0.01, 0.97], dtype=np.float32))
+    canary.retire()
+    lines = generate_latest(metrics.registry).decode().splitlines()
+    assert 'seam_batch_size_count{model="fraud-mlp",version="1"} 1.0' in lines
+    assert 'seam_batch_size_count{model="fraud-mlp",version="2"} 1.0' in lines
+    assert 'seam_scores_count{model="fraud-mlp",version="2"} 2.0' in lines
+    assert 'seam_scores_bucket{le="0.05",model="fraud-mlp",version="2"} 1.0' in lines
+    assert not [line for line in lines if line.startswith("seam_model_info") and 'version="2"' in line]
+    assert [line for line in lines if line.startswith("seam_model_info") and 'role="shadow"' in line]
+    # A shadow keeps no deadline: its late rows are no misses.
+    assert [line for line in lines if line.startswith("seam_deadline_misses_total") and 'version="3"' in line] == [
+        f'seam_deadline_misses_total{{model="fraud-mlp",stage="{stage}",version="3"}} 0.0'
+        for stage in ("ingest", "boundary")]
 
 
 def test_deadline_misses_are_one_warning_per_interval() -> None:

@@ -176,7 +176,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_directory_is_not_a_model(tmp_path: Path) -> None:
     """A directory where the file should be is rejected the same way."""
-    with pytest.raises(ModelContractError, match="does not exist"):
+    with pytest.raises(ModelContractError, match="cannot be read"):
         ModelRuntime.load(tmp_path, feature_names=NAMES, device="cpu")
 
 

@@ -1,0 +1,140 @@
+"""The control topic: deployments as records in a compacted topic that every worker follows.
+
+One key (``deployment``), the newest record wins: compaction keeps it, a worker that starts later
+reads it first, and ``seam model ...`` commands read it, change it (:mod:`agents.deployment`) and
+write the next revision. Workers read it with a consumer of their own, outside the consumer group:
+every replica reads every record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from agents.deployment import Deployment, DeploymentError
+from app.topics import assign_all
+
+__all__ = ["KEY", "ControlFollower", "change", "decode", "encode", "read_latest", "write"]
+
+logger = logging.getLogger(__name__)
+
+KEY = b"deployment"
+
+
+def encode(deployment: Deployment) -> bytes:
+    return orjson.dumps(deployment.as_dict())
+
+
+def decode(value: bytes | None) -> Deployment:
+    """A record's deployment; raises :class:`DeploymentError` for one that cannot be used."""
+    if value is None:
+        raise DeploymentError("the deployment record was deleted (a tombstone)")
+    try:
+        data = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise DeploymentError(f"the deployment record is not JSON: {exc}") from None
+    return Deployment.from_dict(data)
+
+
+class ControlFollower:
+    """Reads the control topic from its start, then follows it: each new record, in log order."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap, self.topic = bootstrap, topic
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
+                                    client_id=f"seam-control-{self.topic}")
+        await consumer.start()
+        try:
+            await assign_all(consumer, self.bootstrap, [self.topic], from_end=False)
+        except BaseException:
+            await consumer.stop()
+            raise
+        self._consumer = consumer
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+    async def catch_up(self, timeout_s: float = 30.0) -> Deployment | DeploymentError | None:
+        """Read every record written so far; the newest one's deployment (None if there is none)."""
+        consumer = self._require()
+        partitions = list(consumer.assignment())
+        ends = await consumer.end_offsets(partitions)
+        latest: Deployment | DeploymentError | None = None
+        deadline = time.monotonic() + timeout_s
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading the control topic {self.topic!r} took over {timeout_s:.0f} s")
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    latest = _parse(record.key, record.value, latest)
+        return latest
+
+    async def next(self, timeout_s: float = 1.0) -> Deployment | DeploymentError | None:
+        """The newest deployment among the records that arrive within ``timeout_s`` (None: none arrived)."""
+        consumer = self._require()
+        latest: Deployment | DeploymentError | None = None
+        for records in (await consumer.getmany(timeout_ms=int(timeout_s * 1000))).values():
+            for record in records:
+                latest = _parse(record.key, record.value, latest)
+        return latest
+
+    def _require(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise RuntimeError("the control topic follower is not started")
+        return self._consumer
+
+
+def _parse(key: bytes | None, value: bytes | None,
+           latest: Deployment | DeploymentError | None) -> Deployment | DeploymentError | None:
+    if key != KEY:
+        logger.warning("control topic: ignored a record with key %r (only %r is read)", key, KEY)
+        return latest
+    try:
+        return decode(value)
+    except DeploymentError as exc:
+        return exc
+
+
+async def read_latest(bootstrap: str, topic: str) -> Deployment | None:
+    """The deployment the control topic holds now (None if it holds none); raises for an unusable one."""
+    follower = ControlFollower(bootstrap, topic)
+    await follower.start()
+    try:
+        latest = await follower.catch_up()
+    finally:
+        await follower.stop()
+    if isinstance(latest, DeploymentError):
+        raise latest
+    return latest
+
+
+async def write(bootstrap: str, topic: str, deployment: Deployment) -> None:
+    """Write ``deployment`` as the control topic's newest record and wait for the broker to have it."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        await (await producer.send(topic, encode(deployment), key=KEY))
+    finally:
+        await producer.stop()
+
+
+async def change(bootstrap: str, topic: str, base: Callable[[], Deployment],
+                 transition: Callable[[Deployment], Deployment]) -> Deployment:
+    """Read the current deployment (``base()`` when the topic has none), apply ``transition``, write the result.
+
+    One writer at a time is assumed (an operator's command); two commands at once both write, and the
+    later record in the log is the deployment.
+    """
+    current = await read_latest(bootstrap, topic)
+    updated = transition(current if current is not None else base())
+    await write(bootstrap, topic, updated)
+    return updated

@@ -1,0 +1,270 @@
+"""The models a worker serves (primary, canary, shadow), each on a boundary of its own, and the swap between them.
+
+:class:`ModelSet` stands where the pipeline used to see one boundary: ``submit_many`` routes each
+row by its card (:func:`agents.deployment.canary_bucket`) to the primary's or the canary's boundary,
+and offers a copy to the shadow's, which takes what fits and never makes the caller wait.
+
+:meth:`ModelSet.apply` moves to a new deployment without a restart: the files it names are read,
+hashed, loaded, checked against the feature contract and warmed on the inference sizes off the event
+loop; only when all of them are ready does routing switch, in one step on the event loop. A model that
+stays in its role keeps its boundary. The boundaries a deployment no longer uses stop taking rows at
+the switch and release what they hold: batches already queued or dispatched finish on the model they
+started on, and their records are acknowledged as usual. A deployment whose files cannot be used is
+rejected as a whole (:class:`Rejection`) and the models serving keep serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from agents.boundary import ModelBoundary
+from agents.deployment import Deployment, DeploymentError, ModelRef, canary_bucket
+from agents.metrics import ModelMetrics
+from agents.pipeline import ScoringItem
+from agents.runtime import ModelContractError, ModelRuntime
+
+__all__ = ["ROLES", "ModelSet", "Rejection", "Served"]
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("primary", "canary", "shadow")
+Rows = Sequence[tuple[Sequence[float], ScoringItem]]
+# A loaded model and the role it serves in -> its boundary and its metrics (None when metrics are off).
+Serve = Callable[[ModelRuntime, str], tuple[ModelBoundary[ScoringItem], ModelMetrics | None]]
+
+
+@dataclass(eq=False)
+class Served:
+    """One model serving in one role: its runtime, its boundary and the task dispatching its batches."""
+
+    role: str
+    ref: ModelRef
+    runtime: ModelRuntime
+    boundary: ModelBoundary[ScoringItem]
+    metrics: ModelMetrics | None
+    task: asyncio.Task[None] | None = None
+    submitting: int = 0  # submit_many calls inside this boundary now (a retirement waits for them)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def describe(self) -> dict[str, object]:
+        info = self.runtime.info
+        return {"model": info.tag, "path": self.ref.path, "sha256": self.ref.sha256, "provider": info.provider,
+                "waiting": self.boundary.waiting, "stats": self.boundary.stats.as_dict()}
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A deployment this worker refused, and why (the models serving before it kept serving)."""
+
+    revision: int | None  # None: the record itself could not be read
+    reason: str  # missing_file, sha256_mismatch, not_a_model, contract, invalid_record
+    detail: str
+    at_ms: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {"revision": self.revision, "reason": self.reason, "detail": self.detail, "at_ms": self.at_ms}
+
+
+def rejection_reason(error: BaseException) -> str:
+    """The short reason of a load failure (a metric label)."""
+    if isinstance(error, DeploymentError):
+        return "invalid_record"
+    return getattr(error, "reason", "contract" if isinstance(error, ModelContractError) else "not_a_model")
+
+
+class ModelSet:
+    """The deployment a worker serves and the routing of rows to its models' boundaries."""
+
+    def __init__(self, load: Callable[[ModelRef], ModelRuntime], serve: Serve,
+                 on_failure: Callable[[BaseException], None]) -> None:
+        self._load = load  # blocking: read, hash, open, check and warm (run off the event loop)
+        self._serve = serve
+        self._on_failure = on_failure
+        self._lock = asyncio.Lock()  # one deployment change at a time
+        self.deployment: Deployment | None = None
+        self.rejected: Rejection | None = None
+        self.primary: Served | None = None
+        self.canary: Served | None = None
+        self.shadow: Served | None = None
+        self._canary_buckets = 0
+        self.swaps = 0
+
+    # The pipeline's side.
+
+    async def submit_many(self, items: Rows) -> None:
+        """Hand rows to their models' boundaries; waits while the one a row goes to is full."""
+        shadow, canary, primary = self.shadow, self.canary, self.primary
+        if primary is None:
+            raise RuntimeError("no model is serving yet")
+        if shadow is not None:
+            taken = shadow.boundary.offer_many(items)
+            if taken < len(items) and shadow.metrics is not None:
+                shadow.metrics.shadow_dropped.inc(len(items) - taken)
+        if canary is None:
+            await self._submit(primary, items)
+            return
+        threshold = self._canary_buckets
+        to_primary: list[tuple[Sequence[float], ScoringItem]] = []
+        to_canary: list[tuple[Sequence[float], ScoringItem]] = []
+        for row in items:
+            (to_canary if canary_bucket(row[1].tx.card_id) < threshold else to_primary).append(row)
+        if to_primary:
+            await self._submit(primary, to_primary)
+        if to_canary:
+            await self._submit(canary, to_canary)
+
+    async def _submit(self, served: Served, items: Rows) -> None:
+        served.submitting += 1
+        try:
+            await served.boundary.submit_many(items)
+        finally:
+            served.submitting -= 1
+            if not served.submitting:
+                served.idle.set()
+
+    async def flush(self) -> None:
+        """Release every row waiting at the primary's and the canary's boundaries and wait until delivered."""
+        for served in (self.primary, self.canary):
+            if served is not None:
+                await served.boundary.flush()
+
+    @property
+    def waiting(self) -> int:
+        return sum(s.boundary.waiting for s in self.scoring())
+
+    def scoring(self) -> Iterator[Served]:
+        """The models whose scores become predictions (primary, then canary)."""
+        return (s for s in (self.primary, self.canary) if s is not None)
+
+    def serving(self) -> Iterator[Served]:
+        return (s for s in (self.primary, self.canary, self.shadow) if s is not None)
+
+    # Deployments.
+
+    async def start(self, deployment: Deployment, fallback: Deployment | None = None) -> None:
+        """Serve ``deployment`` (or, if it is rejected, ``fallback``); raises if neither can serve."""
+        if await self.apply(deployment):
+            return
+        if fallback is None:
+            raise RuntimeError(f"the deployment cannot serve: {self.rejected}")
+        logger.error("serving %s from SEAM_MODEL_PATH instead of the control topic's deployment %s",
+                     fallback.primary.path, deployment.revision)
+        rejected = self.rejected
+        if not await self.apply(fallback):
+            raise RuntimeError(f"neither the control topic's deployment nor SEAM_MODEL_PATH can serve: {self.rejected}")
+        self.rejected = rejected
+
+    def reject(self, revision: int | None, error: BaseException) -> Rejection:
+        """Record a deployment (or an unreadable record) refused because of ``error``."""
+        rejection = Rejection(revision, rejection_reason(error), str(error), int(time.time() * 1000))
+        self.rejected = rejection
+        logger.error("model deployment %s rejected (%s): %s; still serving %s", revision, rejection.reason,
+                     rejection.detail, self.describe_short())
+        return rejection
+
+    async def apply(self, deployment: Deployment) -> bool:
+        """Switch to ``deployment``; False (and :attr:`rejected` set) if one of its models cannot serve."""
+        async with self._lock:
+            if deployment.same_models(self.deployment):
+                self.deployment = deployment
+                return True
+            started = time.perf_counter()
+            wanted = {"primary": deployment.primary, "canary": deployment.canary, "shadow": deployment.shadow}
+            current = {s.role: s for s in self.serving()}
+            loaded = {s.ref: s.runtime for s in self.serving()}
+            try:
+                for ref in wanted.values():
+                    if ref is not None and ref not in loaded:
+                        loaded[ref] = await asyncio.to_thread(self._load, ref)
+            except (ModelContractError, OSError) as exc:
+                self.reject(deployment.revision, exc)
+                return False
+            chosen: dict[str, Served | None] = {}
+            for role, ref in wanted.items():
+                keep = current.get(role)
+                if ref is None:
+                    chosen[role] = None
+                elif keep is not None and keep.ref == ref:
+                    chosen[role] = keep
+                else:
+                    chosen[role] = self._start(role, ref, loaded[ref])
+            retired = [s for s in current.values() if chosen.get(s.role) is not s]
+            # The switch: from here on every row goes to the new deployment's boundaries.
+            self.primary, self.canary, self.shadow = chosen["primary"], chosen["canary"], chosen["shadow"]
+            self._canary_buckets = deployment.canary_buckets
+            previous, self.deployment = self.deployment, deployment
+            if self.rejected is not None and (self.rejected.revision or 0) < deployment.revision:
+                self.rejected = None  # a later deployment serves: the refusal is history
+            if previous is not None:
+                self.swaps += 1
+            switched = time.perf_counter()
+            await asyncio.gather(*(self._retire(s) for s in retired))
+            logger.info("model deployment %s (%s) serving: %s; loaded in %.2f s, old boundaries released in %.2f s",
+                        deployment.revision, deployment.command or "start", self.describe_short(),
+                        switched - started, time.perf_counter() - switched)
+            return True
+
+    def _start(self, role: str, ref: ModelRef, runtime: ModelRuntime) -> Served:
+        boundary, metrics = self._serve(runtime, role)
+        served = Served(role, ref, runtime, boundary, metrics)
+        served.idle.set()
+        served.task = asyncio.ensure_future(boundary.run())
+        served.task.add_done_callback(self._dispatch_ended)
+        return served
+
+    def _dispatch_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self._on_failure(error)
+
+    async def _retire(self, served: Served) -> None:
+        """Let a boundary finish what it took (rows waiting, batches dispatched), then stop it."""
+        while served.submitting:
+            served.idle.clear()
+            await served.idle.wait()
+        await served.boundary.flush()
+        await self._stop(served)
+        if served.metrics is not None:
+            served.metrics.retire()
+
+    async def _stop(self, served: Served) -> None:
+        task = served.task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        served.boundary.close()
+
+    async def close(self) -> None:
+        """Stop every boundary (the worker is stopping; what they hold is delivered again after a restart)."""
+        for served in list(self.serving()):
+            await self._stop(served)
+
+    def describe_short(self) -> str:
+        parts = []
+        for served in self.serving():
+            share = f" {self.deployment.canary_percent:g} %" if served.role == "canary" and self.deployment else ""
+            parts.append(f"{served.role} {served.runtime.info.tag}{share}")
+        return ", ".join(parts) or "nothing"
+
+    def describe(self) -> dict[str, object]:
+        """The deployment served, each model in it, and the last deployment refused (for /model/)."""
+        deployment = self.deployment
+        roles: dict[str, object] = {role: None for role in ROLES}
+        for served in self.serving():
+            roles[served.role] = served.describe()
+        if deployment is not None and deployment.canary is not None and isinstance(roles["canary"], dict):
+            roles["canary"]["percent"] = deployment.canary_percent
+        return {
+            "revision": None if deployment is None else deployment.revision,
+            "command": None if deployment is None else deployment.command,
+            **roles,
+            "rejected": None if self.rejected is None else self.rejected.as_dict(),
+        }
