@@ -13,7 +13,6 @@ is a new deployment with the next revision; the ones it replaced are kept, newes
 from __future__ import annotations
 
 import hashlib
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +34,9 @@ __all__ = [
 
 CANARY_BUCKETS = 10_000  # a card's bucket is in [0, 10,000): shares are exact to a hundredth of a percent
 HISTORY = 10  # replaced deployments kept for rollback
-_CANARY_SALT = b"seam-canary\x00"  # not the partitioner's hash: a canary share must not follow partitions
+_CANARY_PERSON = b"seam-canary"  # not the partitioner's hash: a canary share must not follow partitions
+_BUCKETS: dict[str, int] = {}  # card -> bucket (cards repeat; a hash costs ~0.6 us)
+_BUCKETS_KEPT = 500_000
 
 
 class DeploymentError(ValueError):
@@ -43,8 +44,18 @@ class DeploymentError(ValueError):
 
 
 def canary_bucket(card_id: str) -> int:
-    """The card's stable bucket in ``[0, CANARY_BUCKETS)``: the same on every worker, run and version."""
-    return zlib.crc32(_CANARY_SALT + card_id.encode()) % CANARY_BUCKETS
+    """The card's stable bucket in ``[0, CANARY_BUCKETS)``: the same on every worker, run and version.
+
+    BLAKE2b, not CRC-32: a CRC is linear, and over ids that differ in a few characters ("c-0" ... "c-4999")
+    its buckets were not uniform (18.0 % of those cards below a 20 % threshold, against 20.1 % here).
+    """
+    bucket = _BUCKETS.get(card_id)
+    if bucket is None:
+        if len(_BUCKETS) >= _BUCKETS_KEPT:
+            _BUCKETS.clear()
+        digest = hashlib.blake2b(card_id.encode(), digest_size=8, person=_CANARY_PERSON).digest()
+        bucket = _BUCKETS[card_id] = int.from_bytes(digest, "big") % CANARY_BUCKETS
+    return bucket
 
 
 def file_sha256(path: Path | str) -> str:

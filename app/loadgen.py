@@ -51,8 +51,10 @@ async def produce(
     partitions: int = 8,
     on_progress: Callable[[int, int], None] | None = None,
     on_sent: Callable[[dict[str, Any], int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> ProduceReport:
-    """Send ``rate`` transactions per second for ``duration_s`` seconds; wait for every ack.
+    """Send ``rate`` transactions per second for ``duration_s`` seconds (or until ``stop()`` is true, checked
+    every tick); wait for every ack.
 
     Each record's Kafka timestamp is the wall-clock time (epoch ms) at which it was handed to the
     producer; ``on_sent(transaction, timestamp_ms)`` is told it (the benchmark measures latency from it).
@@ -70,7 +72,7 @@ async def produce(
         count = len(await producer.partitions_for(topic))
         partition_of: dict[bytes, int] = {}
         started = time.monotonic()
-        while sent < total:
+        while sent < total and not (stop is not None and stop()):
             due = min(total, int((time.monotonic() - started) * rate) + 1)
             now_ms = int(time.time() * 1000)
             batches: dict[int, Any] = {}
