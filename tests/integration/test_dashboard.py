@@ -113,6 +113,14 @@ def test_dashboard_is_live_and_matches_metrics(kafka_bootstrap: str, tmp_path: P
             (model_labels, _), = samples(metrics, "seam_model_info")
             assert driver.find_element("id", "model").text == \
                 f"model {model_labels['model']}@{model_labels['version']} on {model_labels['provider']}"
+            # Traffic and scores per version: the one version serving, as many rows as its scores on /metrics.
+            model_rows = driver.find_elements("css selector", "#models tbody tr")
+            cells = [[td.text for td in row.find_elements("tag name", "td")] for row in model_rows]
+            tag = f"{model_labels['model']}@{model_labels['version']}"
+            assert [c[:2] for c in cells] == [[tag, "primary"]], cells
+            assert float(cells[0][3].replace(",", "")) == total(metrics, "seam_scores_count") == \
+                total(metrics, "seam_events_out_total", topic_kind="prediction")
+            assert driver.find_element("id", "revision").text == "deployment 0"
             rejects = driver.find_element("id", "rejects").text
             assert "dead letter: invalid_json" in rejects and "dead letter: not_an_object" in rejects
             assert total(metrics, "seam_dead_letters_total") == 2
