@@ -138,19 +138,23 @@ def test_canary_promote_rollback_and_refused_models_under_load(kafka_bootstrap: 
         run("rollback")
         converged = wait_for_deployment(workers, lambda v: v["revision"] == 3 and v["primary"]["model"] == V1_TAG)
         convergence["rollback"] = converged - issued
-        time.sleep(4)
+        time.sleep(3)
+        # A shadow: the same rows scored by fraud-mlp@2 on the side, predictions untouched.
+        run("shadow", str(v2))
+        wait_for_deployment(workers, lambda v: v["revision"] == 4 and (v["shadow"] or {}).get("model") == V2_TAG)
+        time.sleep(3)
         # Refused: a truncated file, then a model whose feature names are in another order.
         run("deploy", str(corrupt))
-        wait_for_deployment(workers, lambda v: (v["rejected"] or {}).get("revision") == 4)
+        wait_for_deployment(workers, lambda v: (v["rejected"] or {}).get("revision") == 5)
         assert {deployment_of(w)["rejected"]["reason"] for w in workers} == {"not_a_model"}
         run("deploy", str(reordered(v2, tmp_path / "reordered.onnx")))
-        wait_for_deployment(workers, lambda v: (v["rejected"] or {}).get("revision") == 5)
+        wait_for_deployment(workers, lambda v: (v["rejected"] or {}).get("revision") == 6)
         assert {deployment_of(w)["rejected"]["reason"] for w in workers} == {"contract"}
-        assert all(v["revision"] == 3 and v["primary"]["model"] == V1_TAG for v in map(deployment_of, workers))
-        time.sleep(3)
+        assert all(v["revision"] == 4 and v["primary"]["model"] == V1_TAG for v in map(deployment_of, workers))
+        time.sleep(2)
         marks["rolled_back"] = (marks["promoted"][1] + convergence["rollback"] + SETTLE_S, time.time())
         status = seam_model(cli_env, "status")
-        assert status.returncode == 0 and "revision 5" in status.stdout, status
+        assert status.returncode == 0 and "revision 6" in status.stdout, status
         rejections = [line for w in workers for line in w.get("/metrics")[1].decode().splitlines()
                       if line.startswith("seam_model_deployment_rejections_total")]
         assert sorted(rejections) == sorted(
@@ -161,7 +165,8 @@ def test_canary_promote_rollback_and_refused_models_under_load(kafka_bootstrap: 
         sent = asyncio.run(collect(kafka_bootstrap, [topics.input], done=lambda out: True, timeout_s=30,
                                    settle_s=3))[topics.input]
         ids = {tx["id"] for tx in sent}
-        out = asyncio.run(collect(kafka_bootstrap, [topics.predictions, topics.dlq],
+        shadow_topic = env["SEAM_SHADOW_TOPIC"]
+        out = asyncio.run(collect(kafka_bootstrap, [topics.predictions, topics.dlq, shadow_topic],
                                   done=lambda out: {p["id"] for p in out[topics.predictions]} >= ids, timeout_s=120))
     finally:
         stop_load.set()
@@ -195,5 +200,9 @@ def test_canary_promote_rollback_and_refused_models_under_load(kafka_bootstrap: 
     assert len(canary) > 1_500 and abs(share - 0.20) <= 0.03, (len(canary), share)
     assert Counter(p["model"] for p in phase("promoted")) .keys() == {V2_TAG}
     assert Counter(p["model"] for p in phase("rolled_back")).keys() == {V1_TAG}
+    shadow = out[shadow_topic]
+    assert len(shadow) > 500 and {r["model"] for r in shadow} == {V2_TAG}, len(shadow)
+    assert {r["id"] for r in shadow} <= ids
+    assert {first[r["id"]]["model"] for r in shadow} == {V1_TAG}  # the shadow changed no prediction
     assert all(seconds < 5 for seconds in convergence.values()), convergence
     print(f"canary share {share:.3f} over {len(canary)} predictions; convergence {convergence}")
