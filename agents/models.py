@@ -92,6 +92,7 @@ class ModelSet:
         self.canary: Served | None = None
         self.shadow: Served | None = None
         self._canary_buckets = 0
+        self._retiring: set[Served] = set()  # no longer routed to, still finishing what they took
         self.swaps = 0
 
     # The pipeline's side.
@@ -128,10 +129,10 @@ class ModelSet:
                 served.idle.set()
 
     async def flush(self) -> None:
-        """Release every row waiting at the primary's and the canary's boundaries and wait until delivered."""
-        for served in (self.primary, self.canary):
-            if served is not None:
-                await served.boundary.flush()
+        """Release every row waiting at the scoring boundaries (those a swap is retiring included) and wait
+        until it is delivered."""
+        for served in [*self.scoring(), *(s for s in self._retiring if s.role != "shadow")]:
+            await served.boundary.flush()
 
     @property
     def waiting(self) -> int:
@@ -147,17 +148,18 @@ class ModelSet:
     # Deployments.
 
     async def start(self, deployment: Deployment, fallback: Deployment | None = None) -> None:
-        """Serve ``deployment`` (or, if it is rejected, ``fallback``); raises if neither can serve."""
+        """Serve ``deployment``; if it is refused, the newest deployment of its history that can serve (what
+        the other workers kept serving when they refused it too), else ``fallback``; raises if none can."""
         if await self.apply(deployment):
             return
-        if fallback is None:
-            raise RuntimeError(f"the deployment cannot serve: {self.rejected}")
-        logger.error("serving %s from SEAM_MODEL_PATH instead of the control topic's deployment %s",
-                     fallback.primary.path, deployment.revision)
         rejected = self.rejected
-        if not await self.apply(fallback):
-            raise RuntimeError(f"neither the control topic's deployment nor SEAM_MODEL_PATH can serve: {self.rejected}")
-        self.rejected = rejected
+        for earlier in (*deployment.history, *([] if fallback is None else [fallback])):
+            if await self.apply(earlier):
+                logger.error("serving deployment %s (%s) instead of the control topic's deployment %s",
+                             earlier.revision, self.describe_short(), deployment.revision)
+                self.rejected = rejected
+                return
+        raise RuntimeError(f"no deployment can serve: {rejected}")
 
     def reject(self, revision: int | None, error: BaseException) -> Rejection:
         """Record a deployment (or an unreadable record) refused because of ``error``."""
@@ -226,13 +228,17 @@ class ModelSet:
 
     async def _retire(self, served: Served) -> None:
         """Let a boundary finish what it took (rows waiting, batches dispatched), then stop it."""
-        while served.submitting:
-            served.idle.clear()
-            await served.idle.wait()
-        await served.boundary.flush()
-        await self._stop(served)
-        if served.metrics is not None:
-            served.metrics.retire()
+        self._retiring.add(served)
+        try:
+            while served.submitting:
+                served.idle.clear()
+                await served.idle.wait()
+            await served.boundary.flush()
+        finally:
+            self._retiring.discard(served)
+            await self._stop(served)
+            if served.metrics is not None:
+                served.metrics.retire()
 
     async def _stop(self, served: Served) -> None:
         task = served.task
@@ -244,7 +250,7 @@ class ModelSet:
 
     async def close(self) -> None:
         """Stop every boundary (the worker is stopping; what they hold is delivered again after a restart)."""
-        for served in list(self.serving()):
+        for served in [*self.serving(), *self._retiring]:
             await self._stop(served)
 
     def describe_short(self) -> str:

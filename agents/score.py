@@ -33,13 +33,13 @@ from agents.boundary import BatchResult, ModelBoundary
 from agents.checkpoint import Checkpoint
 from agents.codec import shadow_score
 from agents.control import ControlFollower
-from agents.deployment import DeploymentError, ModelRef, initial
+from agents.deployment import Deployment, DeploymentError, ModelRef, initial
 from agents.metrics import BoundaryMetrics, ModelMetrics
 from agents.models import ModelSet, Rejection
 from agents.monitor import InputPartition, Restore, Snapshot, StatePartition, WorkerCollector
 from agents.outputs import OutputProducer
 from agents.pipeline import Outputs, Pipeline, ScoringItem, Send
-from agents.runtime import ModelInfo, ModelRuntime
+from agents.runtime import ModelFileError, ModelInfo, ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
 from app.faust_compat import committed_offset, restore_state, rocksdb_partitions
 from app.settings import Settings
@@ -192,24 +192,28 @@ class ScoringService(Service):
         # The control topic's deployment first: a worker that starts later serves what the others serve.
         self.control = ControlFollower(settings.broker_bootstrap, settings.model_control_topic)
         await self.control.start()
-        default = initial(await asyncio.to_thread(ModelRef.of, settings.model_path))
+        try:
+            default: Deployment | None = initial(await asyncio.to_thread(ModelRef.of, settings.model_path))
+        except DeploymentError as exc:
+            default, missing = None, f"SEAM_MODEL_PATH: {exc}"
         latest = await self.control.catch_up()
         if isinstance(latest, DeploymentError):
             models.reject(None, latest)
             self.metrics.deployment_rejections.labels("invalid_record").inc()
             latest = None
-        if latest is None:
-            await models.start(default)
-        else:
+        if latest is not None:
             await models.start(latest, fallback=default)
             if models.rejected is not None:
                 self.metrics.deployment_rejections.labels(models.rejected.reason).inc()
+        elif default is not None:
+            await models.start(default)
+        else:
+            raise ModelFileError(f"{missing}, and the control topic {settings.model_control_topic!r} holds no "
+                                 "deployment", "missing_file")
         self.models = models
         self._observe_deployment()
         _tune_garbage_collection()
         self._ready.set()
-        primary = models.primary
-        assert primary is not None
         logger.info("model boundary ready: %s, ingest=%s max_batch_size=%d max_wait_ms=%s sla_ms=%s "
                     "adaptive=%s guarantee=%s", models.describe_short(), settings.ingest,
                     settings.max_batch_size, settings.max_wait_ms, settings.sla_ms, settings.adaptive_batching,

@@ -197,3 +197,17 @@ def test_scores_are_the_same_from_both_models() -> None:
     one = ModelRuntime.load(V1, feature_names=DEFAULT_SPEC.names, device="cpu").predict(features)
     two = ModelRuntime.load(V2, feature_names=DEFAULT_SPEC.names, device="cpu").predict(features)
     assert np.allclose(one, two, atol=1e-5)
+
+
+async def test_a_start_on_a_refused_deployment_serves_the_newest_earlier_one_that_can(tmp_path: Path) -> None:
+    """What the running workers kept serving when they refused it: a restarted worker joins them."""
+    good = set_shadow(initial(ModelRef.of(V1)), ModelRef.of(V2))
+    broken = ModelRef(str(tmp_path / "gone.onnx"), "0" * 64)
+    latest = deploy(deploy(good, broken), ModelRef.of(V2), canary_percent=10)  # revisions 2 and 3 refused
+    h = Harness()
+    await h.models.start(latest, fallback=initial(ModelRef.of(V2)))
+    try:
+        assert h.models.deployment is not None and h.models.deployment.revision == good.revision
+        assert h.models.shadow is not None and h.models.rejected is not None and h.models.rejected.revision == 3
+    finally:
+        await h.models.close()
