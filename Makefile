@@ -7,7 +7,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool system-tools demo test unit integration lint model bench-model bench bench-ingest clean
+.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool system-tools demo test unit integration lint model bench-model bench bench-ingest bench-models clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -66,6 +66,9 @@ bench: install kafka-jars  ## End-to-end benchmark, all modes, both models (~10 
 
 bench-ingest: install kafka-jars  ## Ingestion benchmark: batch ingestion vs Faust take() vs raw aiokafka.
 	$(PY) scripts/bench_ingest.py --pipeline --write docs/BENCHMARKS.md
+
+bench-models: install kafka-jars  ## Model deployments: p99 around a swap vs before it, and what a shadow costs (~6 min).
+	$(PY) scripts/bench_models.py --pairs 2 --swaps 2 --write docs/BENCHMARKS.md
 
 clean:  ## Remove local data: workers' state, stopped local brokers' data (not the venv or the Kafka jars).
 	rm -rf .data .pytest_cache

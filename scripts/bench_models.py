@@ -6,10 +6,11 @@
 * **Shadow cost**: saturation (``--records`` pre-loaded transactions, events/s between the 10th and 90th
   percentile of the predictions' broker timestamps) of one ``seam worker`` serving the default model
   alone, then with a second version as its shadow, alternately (``--pairs`` times each).
-* **Swap**: a fresh worker under open-loop load at ``--load`` of the mean saturation without a shadow;
-  after ``--seconds`` of load, ``seam model deploy`` of the second version (the control topic's
-  record, as the command writes it). p99 end to end (the prediction's broker append time minus the
-  input's) over the inputs sent in the ``--seconds`` before the command and in the ``--seconds`` from it.
+* **Swap**, ``--swaps`` times: a fresh worker under open-loop load at ``--load`` of the median
+  saturation without a shadow; after ``--warmup`` + ``--seconds`` of load, ``seam model deploy`` of the
+  second version (the control topic's record, as the command writes it). p99 end to end (the
+  prediction's broker append time minus the input's) over the inputs sent in the ``--seconds`` before
+  the command and in the ``--seconds`` from it.
 
 The second version is trained for the run (``scripts/train_model.py --version 2``).
 """
@@ -82,7 +83,7 @@ async def saturation(bootstrap: str, workdir: Path, inputs: list[tuple[bytes, by
         await delete_topics(bootstrap, run.suffix)
 
 
-async def swap(bootstrap: str, workdir: Path, rate: float, seconds: float, v2: Path) -> dict[str, Any]:
+async def swap(bootstrap: str, workdir: Path, rate: float, seconds: float, v2: Path, warm_s: float) -> dict[str, Any]:
     run = new_run(bootstrap, workdir)
     await run.create_topics()
     try:
@@ -94,7 +95,6 @@ async def swap(bootstrap: str, workdir: Path, rate: float, seconds: float, v2: P
             while await watch.total() < 1:
                 worker.check()
                 await asyncio.sleep(0.2)
-            warm_s = 5.0
             load_started = time.time()
             command_at: list[float] = []
 
@@ -124,11 +124,16 @@ async def swap(bootstrap: str, workdir: Path, rate: float, seconds: float, v2: P
         before = [lat for sent, lat, _m in latency.values() if at_ms - seconds * 1000 <= sent < at_ms]
         around = [lat for sent, lat, _m in latency.values() if at_ms <= sent < at_ms + seconds * 1000]
         models = sorted({m for sent, _lat, m in latency.values() if sent >= at_ms})
+        by_second: dict[int, list[int]] = {}
+        for sent, lat, _m in latency.values():
+            if at_ms - seconds * 1000 <= sent < at_ms + seconds * 1000:
+                by_second.setdefault(int((sent - at_ms) // 1000), []).append(lat)
         return {"rate": rate, "before_p99": float(np.percentile(before, 99)),
                 "around_p99": float(np.percentile(around, 99)), "before_p50": float(np.percentile(before, 50)),
                 "around_p50": float(np.percentile(around, 50)), "before_n": len(before), "around_n": len(around),
                 "unanswered": len(appended) - len(latency), "models_after": models,
-                "load_started": load_started}
+                "load_started": load_started,
+                "p99_by_second": [round(float(np.percentile(v, 99))) for _s, v in sorted(by_second.items())]}
     finally:
         run.stop()
         await delete_topics(bootstrap, run.suffix)
@@ -147,44 +152,58 @@ async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> st
             rate = await saturation(bootstrap, workdir, inputs, shadow)
             into.append(rate)
             print(f"saturation {label} (pair {pair + 1}): {rate:,.0f} events/s", flush=True)
-    load = args.load * float(np.mean(plain))
-    result = await swap(bootstrap, workdir, load, args.seconds, v2)
-    print(f"swap at {load:,.0f}/s: p99 {result['before_p99']:.0f} ms before, {result['around_p99']:.0f} ms around "
-          f"(models after the command: {result['models_after']})", flush=True)
-    ratio = result["around_p99"] / result["before_p99"]
+    load = args.rate or args.load * float(np.median(plain))
+    swaps = []
+    for index in range(args.swaps):
+        result = await swap(bootstrap, workdir, load, args.seconds, v2, args.warmup)
+        swaps.append(result)
+        print(f"swap {index + 1} at {load:,.0f}/s: p99 {result['before_p99']:.0f} ms before, "
+              f"{result['around_p99']:.0f} ms around (models after the command: {result['models_after']})", flush=True)
+    ratios = [r["around_p99"] / r["before_p99"] for r in swaps]
     cost = 1 - float(np.mean(shadowed)) / float(np.mean(plain))
     machine = f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}, one local Kafka broker"
     pairs = " / ".join(f"{a:,.0f} vs {b:,.0f}" for a, b in zip(plain, shadowed, strict=True))
     return "\n".join([
         HEADING, "",
         f"Command: `.venv/bin/python scripts/bench_models.py --records {args.records} --load {args.load} "
-        f"--seconds {args.seconds:g} --pairs {args.pairs}`",
+        f"--seconds {args.seconds:g} --warmup {args.warmup:g} --pairs {args.pairs} --swaps {args.swaps}` "
+        "(`make bench-models`)",
         f"Machine: {machine}; the default model `fraud-mlp@1` and a second version `fraud-mlp@2` "
         "(`scripts/train_model.py --version 2 --seed 11`).", "",
         "| measurement | value |", "|---|---:|",
         f"| saturation, default model alone (mean of {args.pairs}) | {np.mean(plain):,.0f} events/s |",
         f"| saturation with `fraud-mlp@2` as its shadow (mean of {args.pairs}) | {np.mean(shadowed):,.0f} events/s |",
         f"| what the shadow costs | {cost:.1%} |",
-        f"| load for the swap ({args.load:.0%} of the saturation alone) | {load:,.0f} events/s |",
-        f"| p99 end to end, {args.seconds:g} s before `seam model deploy` | {result['before_p99']:.0f} ms |",
-        f"| p99 end to end, {args.seconds:g} s from the command (the swap inside) | {result['around_p99']:.0f} ms |",
-        f"| ratio (goal ≤ 1.10) | {ratio:.2f} |",
-        f"| p50 before / around | {result['before_p50']:.0f} / {result['around_p50']:.0f} ms |",
-        f"| inputs unanswered | {result['unanswered']} |", "",
+        f"| load for the swaps ({args.load:.0%} of the median saturation alone) | {load:,.0f} events/s |",
+        f"| p99 end to end, {args.seconds:g} s before `seam model deploy` (each swap) | "
+        + " / ".join(f"{r['before_p99']:.0f}" for r in swaps) + " ms |",
+        f"| p99 end to end, {args.seconds:g} s from the command (the swap inside) | "
+        + " / ".join(f"{r['around_p99']:.0f}" for r in swaps) + " ms |",
+        "| ratio (goal ≤ 1.10) | " + " / ".join(f"{r:.2f}" for r in ratios) + " |",
+        "| p50 before / around | " + ", ".join(f"{r['before_p50']:.0f} / {r['around_p50']:.0f}" for r in swaps)
+        + " ms |",
+        f"| inputs unanswered | {sum(r['unanswered'] for r in swaps)} |", "",
+        f"p99 per second of the inputs' send time, from {args.seconds:g} s before the command to {args.seconds:g} s "
+        "after it: " + "; ".join(", ".join(map(str, r["p99_by_second"])) for r in swaps)
+        + f" ms (each worker had taken load for {args.warmup:g} s before the first of them). "
         f"Saturation pairs (alone vs with a shadow, in run order): {pairs} events/s. The predictions after the "
-        f"command came from {', '.join(result['models_after'])}; the shadow wrote one score per row it took "
-        "(it drops rows rather than slow the primary, counted in `seam_shadow_dropped_rows`). On this 2-core "
-        "machine the shadow's inference thread shares the cores with the event loop, the Kafka client and the "
-        "broker, so its cost here is an upper bound of what it costs on a host with cores or a GPU to spare.",
+        f"command came from {', '.join(swaps[-1]['models_after'])}; the shadow wrote one score per row it took "
+        "(it drops rows rather than slow the primary, counted in `seam_shadow_dropped_rows`). A shadow is a second "
+        "inference per row and a second output record per row (its score); on this 2-core machine both share the "
+        "cores with the event loop, the Kafka client and the broker, so its cost here is an upper bound of what it "
+        "costs on a host with cores or a GPU to spare.",
         ""])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=60_000)
-    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=2, help="saturation runs alone and with a shadow, each")
+    parser.add_argument("--swaps", type=int, default=2, help="swap runs, each on a fresh worker")
     parser.add_argument("--load", type=float, default=0.5, help="the swap's load, a fraction of saturation")
+    parser.add_argument("--rate", type=float, default=0.0, help="the swaps' load in events/s (default: --load)")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds of load before the measured ones")
     parser.add_argument("--port", type=int, default=int(os.environ.get("KAFKA_PORT", "9092")))
     parser.add_argument("--write", type=Path, default=None, help="replace this section of a Markdown file")
     args = parser.parse_args()

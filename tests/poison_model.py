@@ -40,3 +40,18 @@ def write_poison_model(path: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+def write_reordered_model(source: Path, path: Path, version: str = "9") -> Path:
+    """Write ``source`` with its feature names in reverse order (and another version): the same network under a
+    contract the feature spec does not meet, which a worker must refuse."""
+    import json
+
+    model = onnx.load(str(source))
+    for prop in model.metadata_props:
+        if prop.key == "feature_names":
+            prop.value = json.dumps(list(reversed(json.loads(prop.value))))
+        if prop.key == "model_version":
+            prop.value = version
+    onnx.save(model, str(path))
+    return path

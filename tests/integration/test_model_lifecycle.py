@@ -7,7 +7,6 @@ control topic alone. A second version of the model is trained for the test (``sc
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import threading
@@ -17,7 +16,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-import onnx
 import orjson
 import pytest
 
@@ -27,6 +25,7 @@ from app.localhost import free_port, worker_env
 from app.synthetic import TransactionGenerator
 from tests.integration.kafka_helpers import Topics, Worker, collect, prepare_topics
 from tests.integration.test_scale_out import cluster_of
+from tests.poison_model import write_reordered_model
 
 pytestmark = pytest.mark.integration
 
@@ -71,18 +70,6 @@ def wait_for_cluster(workers: list[Worker], timeout_s: float = 60) -> None:
             return
         time.sleep(0.3)
     raise AssertionError(f"the cluster did not settle on {urls}: {views}")
-
-
-def reordered(source: Path, target: Path) -> Path:
-    """The same network with its feature names in another order: a contract the feature spec does not meet."""
-    model = onnx.load(str(source))
-    for prop in model.metadata_props:
-        if prop.key == "feature_names":
-            prop.value = json.dumps(list(reversed(json.loads(prop.value))))
-        if prop.key == "model_version":
-            prop.value = "3"
-    onnx.save(model, str(target))
-    return target
 
 
 def test_canary_promote_rollback_and_refused_models_under_load(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -147,7 +134,7 @@ def test_canary_promote_rollback_and_refused_models_under_load(kafka_bootstrap: 
         run("deploy", str(corrupt))
         wait_for_deployment(workers, lambda v: (v["rejected"] or {}).get("revision") == 5)
         assert {deployment_of(w)["rejected"]["reason"] for w in workers} == {"not_a_model"}
-        run("deploy", str(reordered(v2, tmp_path / "reordered.onnx")))
+        run("deploy", str(write_reordered_model(v2, tmp_path / "reordered.onnx", version="3")))
         wait_for_deployment(workers, lambda v: (v["rejected"] or {}).get("revision") == 6)
         assert {deployment_of(w)["rejected"]["reason"] for w in workers} == {"contract"}
         assert all(v["revision"] == 4 and v["primary"]["model"] == V1_TAG for v in map(deployment_of, workers))

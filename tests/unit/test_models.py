@@ -7,14 +7,12 @@ their tag) on real boundaries; no Kafka. Every wait is bounded by a hang guard.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 
 from agents.boundary import BatchResult, ModelBoundary
@@ -23,6 +21,7 @@ from agents.metrics import BoundaryMetrics
 from agents.models import ModelSet
 from agents.runtime import ModelRuntime
 from tables.features import DEFAULT_SPEC
+from tests.poison_model import write_reordered_model
 
 ROOT = Path(__file__).resolve().parents[2]
 V1 = ROOT / "models" / "fraud-mlp.onnx"  # fraud-mlp@1
@@ -124,17 +123,6 @@ async def test_a_promotion_keeps_the_canarys_model_loaded(harness: Harness) -> N
     assert harness.models.primary.runtime is runtime and harness.models.canary is None  # type: ignore[union-attr]
 
 
-def _mismatched(path: Path) -> Path:
-    model = onnx.load(str(V1))
-    for prop in model.metadata_props:
-        if prop.key == "feature_names":
-            prop.value = json.dumps(list(reversed(json.loads(prop.value))))
-        if prop.key == "model_version":
-            prop.value = "9"
-    onnx.save(model, str(path))
-    return path
-
-
 @pytest.mark.parametrize("case, reason", [
     ("missing", "missing_file"), ("corrupt", "not_a_model"), ("hash", "sha256_mismatch"), ("features", "contract"),
 ])
@@ -148,7 +136,7 @@ async def test_a_model_that_cannot_serve_is_refused_and_the_old_one_keeps_scorin
     elif case == "hash":
         ref = ModelRef(str(V2), "f" * 64)
     else:
-        ref = ModelRef.of(_mismatched(tmp_path / "reordered.onnx"))
+        ref = ModelRef.of(write_reordered_model(V1, tmp_path / "reordered.onnx"))
     serving = harness.models.deployment
     attempt = deploy(serving, ref, canary_percent=30)
     assert not await harness.models.apply(attempt)
