@@ -7,7 +7,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool system-tools demo test unit integration lint model bench-model bench bench-ingest bench-models clean
+.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool registry registry-up registry-down system-tools demo test unit integration lint model bench-model bench bench-ingest bench-models clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -36,19 +36,28 @@ kafka-status:  ## Say whether the local broker runs.
 kafka-tool: kafka-jars  ## Kafka's own tools: make kafka-tool ARGS="kafka-consumer-groups --describe --group seam"
 	@$(PYTHON) scripts/kafka_local.py tool $(ARGS)
 
+registry:  ## Build the local schema registry (Apicurio Registry, from Maven Central) into .cache/registry (once).
+	@$(PYTHON) scripts/registry_local.py build
+
+registry-up: registry  ## Start the schema registry on 127.0.0.1:$REGISTRY_PORT (default 8081; Confluent API at /apis/ccompat/v6).
+	@$(PYTHON) scripts/registry_local.py up
+
+registry-down:  ## Stop the schema registry started by registry-up.
+	@$(PYTHON) scripts/registry_local.py down
+
 system-tools:  ## Install Chromium, chromedriver and Prometheus (Debian packages) for the tests, where possible.
 	@bash scripts/system_tools.sh
 
 demo: install kafka-jars  ## Start a broker and a worker, score ~30 s of live transactions, stop both.
 	$(PY) scripts/demo.py
 
-test: install kafka-jars system-tools  ## Run unit and integration tests (starts and stops its own broker).
+test: install kafka-jars registry system-tools  ## Run unit and integration tests (starts and stops its own broker and registry).
 	$(PY) -m pytest
 
 unit: install  ## Run the unit tests only (no broker).
 	$(PY) -m pytest tests/unit
 
-integration: install kafka-jars system-tools  ## Run the integration tests only.
+integration: install kafka-jars registry system-tools  ## Run the integration tests only.
 	$(PY) -m pytest tests/integration
 
 lint: install  ## ruff and mypy.

@@ -192,6 +192,15 @@ def pid_alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
+def running_pid(pid_file: Path) -> int | None:
+    """The PID a PID file names, if that process still runs."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
 class Broker:
     """One broker instance: its ports and its folder (config, data, logs, PID file)."""
 
@@ -207,11 +216,7 @@ class Broker:
         return f"127.0.0.1:{self.port}"
 
     def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-        return pid if pid_alive(pid) else None
+        return running_pid(self.pid_file)
 
     def up(self, wait_s: float = 90.0) -> None:
         if self.pid() is not None and metadata_ok(self.port):

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real Kafka broker per test session, workers as real subprocesses."""
+"""Shared fixtures: one real Kafka broker (and, for the tests that ask, one schema registry) per test session,
+workers as real subprocesses."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,19 @@ from app.localhost import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_LOCAL = ROOT / "scripts" / "kafka_local.py"
+REGISTRY_LOCAL = ROOT / "scripts" / "registry_local.py"
+
+
+@contextmanager
+def _local_service(script: Path, what: str, *options: str) -> Iterator[None]:
+    """Run ``script up OPTIONS`` (a local server the project starts), then ``script down OPTIONS`` at the end."""
+    started = subprocess.run([sys.executable, str(script), "up", *options], capture_output=True, text=True)
+    if started.returncode != 0:
+        pytest.fail(f"could not start {what}:\n{started.stdout}\n{started.stderr}")
+    try:
+        yield
+    finally:
+        subprocess.run([sys.executable, str(script), "down", *options], capture_output=True, text=True)
 
 
 @pytest.fixture(scope="session")
@@ -28,15 +43,28 @@ def kafka_bootstrap() -> Iterator[str]:
         return
     port, controller_port = free_port(), free_port()
     run_dir = Path(tempfile.mkdtemp(prefix="seam-kafka-"))
-    args = [sys.executable, str(KAFKA_LOCAL), "--port", str(port), "--controller-port",
-            str(controller_port), "--run-dir", str(run_dir)]
-    started = subprocess.run([*args[:2], "up", *args[2:]], capture_output=True, text=True)
-    if started.returncode != 0:
-        pytest.fail(f"could not start Kafka:\n{started.stdout}\n{started.stderr}")
     try:
-        yield f"127.0.0.1:{port}"
+        with _local_service(KAFKA_LOCAL, "Kafka", "--port", str(port), "--controller-port", str(controller_port),
+                            "--run-dir", str(run_dir)):
+            yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([*args[:2], "down", *args[2:]], capture_output=True, text=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[str]:
+    """A real schema registry (Apicurio, in memory) for the session, started on first use: its Confluent-compatible
+    API's base URL (or SEAM_TEST_REGISTRY_URL when set)."""
+    external = os.environ.get("SEAM_TEST_REGISTRY_URL")
+    if external:
+        yield external
+        return
+    port = free_port()
+    run_dir = Path(tempfile.mkdtemp(prefix="seam-registry-"))
+    try:
+        with _local_service(REGISTRY_LOCAL, "the schema registry", "--port", str(port), "--run-dir", str(run_dir)):
+            yield f"http://127.0.0.1:{port}/apis/ccompat/v6"
+    finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
