@@ -211,7 +211,7 @@ class BoundaryMetrics:
                                          "SEAM_MODEL_PATH, nothing deployed through the control topic).", registry=r)
         self.deployment_rejections = Counter(
             "seam_model_deployment_rejections", "Deployments refused (the current models kept serving), by reason: "
-            "missing_file, sha256_mismatch, not_a_model, contract, invalid_record.", ["reason"], registry=r)
+            "missing_file, sha256_mismatch, not_a_model, contract, invalid_record, load_error.", ["reason"], registry=r)
         self.shadow_dropped = Counter("seam_shadow_dropped_rows", "Rows the shadow model could not take (its queue "
                                       "was full) and did not score.", model, registry=r)
         self.sla = Gauge("seam_sla_seconds", "The boundary's latency budget per record (SEAM_SLA_MS).", registry=r)

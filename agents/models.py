@@ -62,7 +62,7 @@ class Rejection:
     """A deployment this worker refused, and why (the models serving before it kept serving)."""
 
     revision: int | None  # None: the record itself could not be read
-    reason: str  # missing_file, sha256_mismatch, not_a_model, contract, invalid_record
+    reason: str  # missing_file, sha256_mismatch, not_a_model, contract, invalid_record, load_error
     detail: str
     at_ms: int
 
@@ -71,10 +71,11 @@ class Rejection:
 
 
 def rejection_reason(error: BaseException) -> str:
-    """The short reason of a load failure (a metric label)."""
+    """The short reason of a load failure (a metric label): a file's own (missing, hash, not a model), a broken
+    contract, an unreadable record, or ``load_error`` for anything else (a device that fails, a warm-up that raises)."""
     if isinstance(error, DeploymentError):
         return "invalid_record"
-    return getattr(error, "reason", "contract" if isinstance(error, ModelContractError) else "not_a_model")
+    return getattr(error, "reason", "contract" if isinstance(error, ModelContractError) else "load_error")
 
 
 class ModelSet:
@@ -183,7 +184,7 @@ class ModelSet:
                 for ref in wanted.values():
                     if ref is not None and ref not in loaded:
                         loaded[ref] = await asyncio.to_thread(self._load, ref)
-            except (ModelContractError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever a file does to the loader, the serving models stay
                 self.reject(deployment.revision, exc)
                 return False
             chosen: dict[str, Served | None] = {}

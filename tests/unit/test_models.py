@@ -199,3 +199,14 @@ async def test_a_start_on_a_refused_deployment_serves_the_newest_earlier_one_tha
         assert h.models.shadow is not None and h.models.rejected is not None and h.models.rejected.revision == 3
     finally:
         await h.models.close()
+
+
+async def test_a_loader_that_raises_anything_refuses_the_deployment_instead_of_stopping_the_worker(
+        harness: Harness) -> None:
+    def broken(ref: ModelRef) -> ModelRuntime:
+        raise RuntimeError("CUDA session could not be created")
+
+    harness.models._load = broken  # the loader of a worker whose device fails on the new file
+    assert not await harness.models.apply(deploy(harness.models.deployment, ModelRef.of(V2)))
+    assert harness.models.rejected is not None and harness.models.rejected.reason == "load_error"
+    assert harness.models.primary is not None and harness.models.primary.runtime.info.tag == "fraud-mlp@1"
