@@ -114,6 +114,10 @@ def test_dashboard_is_live_and_matches_metrics(kafka_bootstrap: str, tmp_path: P
             assert driver.find_element("id", "model").text == \
                 f"model {model_labels['model']}@{model_labels['version']} on {model_labels['provider']}"
             # Traffic and scores per version: the one version serving, as many rows as its scores on /metrics.
+            headers = [th.text for th in driver.find_elements("css selector", "#models thead th")]
+            assert headers == ["version", "role", "rows / s", "rows", "mean score", "score p99", "score > 0.5"], headers
+            assert driver.find_element("css selector", "#models").find_element("xpath", "..").text.splitlines()[1] \
+                .startswith(headers[0]), "nothing stray between the table's heading and the table"
             model_rows = driver.find_elements("css selector", "#models tbody tr")
             cells = [[td.text for td in row.find_elements("tag name", "td")] for row in model_rows]
             tag = f"{model_labels['model']}@{model_labels['version']}"
