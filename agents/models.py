@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from agents.boundary import ModelBoundary
 from agents.deployment import Deployment, DeploymentError, ModelRef, canary_bucket
-from agents.metrics import ModelMetrics
+from agents.metrics import BoundaryMetrics, ModelMetrics
 from agents.pipeline import ScoringItem
 from agents.runtime import ModelContractError, ModelRuntime
 
@@ -82,10 +82,11 @@ class ModelSet:
     """The deployment a worker serves and the routing of rows to its models' boundaries."""
 
     def __init__(self, load: Callable[[ModelRef], ModelRuntime], serve: Serve,
-                 on_failure: Callable[[BaseException], None]) -> None:
+                 on_failure: Callable[[BaseException], None], metrics: BoundaryMetrics | None = None) -> None:
         self._load = load  # blocking: read, hash, open, check and warm (run off the event loop)
         self._serve = serve
         self._on_failure = on_failure
+        self._metrics = metrics  # the deployment revision served and the refusals, counted here only
         self._lock = asyncio.Lock()  # one deployment change at a time
         self.deployment: Deployment | None = None
         self.rejected: Rejection | None = None
@@ -166,15 +167,22 @@ class ModelSet:
         """Record a deployment (or an unreadable record) refused because of ``error``."""
         rejection = Rejection(revision, rejection_reason(error), str(error), int(time.time() * 1000))
         self.rejected = rejection
+        if self._metrics is not None:
+            self._metrics.deployment_rejections.labels(rejection.reason).inc()
         logger.error("model deployment %s rejected (%s): %s; still serving %s", revision, rejection.reason,
                      rejection.detail, self.describe_short())
         return rejection
+
+    def _serving(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+        if self._metrics is not None:
+            self._metrics.deployment_revision.set(deployment.revision)
 
     async def apply(self, deployment: Deployment) -> bool:
         """Switch to ``deployment``; False (and :attr:`rejected` set) if one of its models cannot serve."""
         async with self._lock:
             if deployment.same_models(self.deployment):
-                self.deployment = deployment
+                self._serving(deployment)
                 return True
             started = time.perf_counter()
             wanted = {"primary": deployment.primary, "canary": deployment.canary, "shadow": deployment.shadow}
@@ -200,7 +208,8 @@ class ModelSet:
             # The switch: from here on every row goes to the new deployment's boundaries.
             self.primary, self.canary, self.shadow = chosen["primary"], chosen["canary"], chosen["shadow"]
             self._canary_buckets = deployment.canary_buckets
-            previous, self.deployment = self.deployment, deployment
+            previous = self.deployment
+            self._serving(deployment)
             if self.rejected is not None and (self.rejected.revision or 0) < deployment.revision:
                 self.rejected = None  # a later deployment serves: the refusal is history
             if previous is not None:

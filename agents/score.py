@@ -35,7 +35,7 @@ from agents.codec import shadow_score
 from agents.control import ControlFollower
 from agents.deployment import Deployment, DeploymentError, ModelRef, initial
 from agents.metrics import BoundaryMetrics, ModelMetrics
-from agents.models import ModelSet, Rejection
+from agents.models import ModelSet
 from agents.monitor import InputPartition, Restore, Snapshot, StatePartition, WorkerCollector
 from agents.outputs import OutputProducer
 from agents.pipeline import Outputs, Pipeline, ScoringItem, Send
@@ -182,7 +182,7 @@ class ScoringService(Service):
             store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
             max_clean_cards=settings.state_cache_cards, max_clean_events=settings.state_cache_events,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
-        models = ModelSet(self._load_model, self._serve, self._on_dispatch_failure)
+        models = ModelSet(self._load_model, self._serve, self._on_dispatch_failure, metrics=self.metrics)
         self.pipeline = Pipeline(
             models, outputs, cache, allowed_lateness_ms=lateness_ms,
             on_delivery_failure=self._on_delivery_failure,
@@ -199,19 +199,15 @@ class ScoringService(Service):
         latest = await self.control.catch_up()
         if isinstance(latest, DeploymentError):
             models.reject(None, latest)
-            self.metrics.deployment_rejections.labels("invalid_record").inc()
             latest = None
         if latest is not None:
             await models.start(latest, fallback=default)
-            if models.rejected is not None:
-                self.metrics.deployment_rejections.labels(models.rejected.reason).inc()
         elif default is not None:
             await models.start(default)
         else:
             raise ModelFileError(f"{missing}, and the control topic {settings.model_control_topic!r} holds no "
                                  "deployment", "missing_file")
         self.models = models
-        self._observe_deployment()
         _tune_garbage_collection()
         self._ready.set()
         logger.info("model boundary ready: %s, ingest=%s max_batch_size=%d max_wait_ms=%s sla_ms=%s "
@@ -284,26 +280,10 @@ class ScoringService(Service):
         assert models is not None and control is not None
         while not self.should_stop:
             latest = await control.next(timeout_s=1.0)
-            if latest is None:
-                continue
-            rejection: Rejection | None
             if isinstance(latest, DeploymentError):
-                rejection = models.reject(None, latest)
-            elif models.deployment is not None and latest.revision == models.deployment.revision \
-                    and latest.same_models(models.deployment):
-                continue
-            elif await models.apply(latest):
-                self._observe_deployment()
-                continue
-            else:
-                rejection = models.rejected
-            if rejection is not None:
-                self.metrics.deployment_rejections.labels(rejection.reason).inc()
-
-    def _observe_deployment(self) -> None:
-        models = self.models
-        if models is not None and models.deployment is not None:
-            self.metrics.deployment_revision.set(models.deployment.revision)
+                models.reject(None, latest)
+            elif latest is not None:
+                await models.apply(latest)  # a refusal is recorded (and counted) there
 
     @Service.task
     async def _write_behind(self) -> None:

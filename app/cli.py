@@ -114,15 +114,18 @@ def register(app: faust.App, settings: Settings) -> None:
         """
         bootstrap, topic = settings.broker_bootstrap, settings.model_control_topic
         await ensure_topics(bootstrap, [], 1, settings.topic_replication_factor, compacted=[topic])
+
+        def served_without_a_record() -> Deployment:
+            return initial(ModelRef.of(settings.model_path))
+
         try:
             if action == "status":
                 current = await control.read_latest(bootstrap, topic)
-                deployment = current if current is not None else initial(ModelRef.of(settings.model_path))
+                deployment = current if current is not None else served_without_a_record()
                 self.say(describe(deployment, source="control topic" if current is not None else "SEAM_MODEL_PATH"))
                 return
             transition = _transition(action, path, canary, shadow)
-            updated = await control.change(bootstrap, topic, lambda: initial(ModelRef.of(settings.model_path)),
-                                           transition)
+            updated = await control.change(bootstrap, topic, served_without_a_record, transition)
         except DeploymentError as exc:
             raise SystemExit(f"seam model {action}: {exc}") from None
         self.say(describe(updated, source=f"written to {topic}"))
