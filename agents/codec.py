@@ -24,6 +24,7 @@ __all__ = [
     "feature_record",
     "prediction",
     "shadow_score",
+    "validate_transaction",
 ]
 
 MAX_RECORD_BYTES = 64 * 1024
@@ -71,10 +72,11 @@ def decode_transaction(raw: bytes | None, max_bytes: int = MAX_RECORD_BYTES) -> 
             return Invalid("invalid_json", f"not valid JSON: {exc}")
     if not isinstance(obj, dict):
         return Invalid("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
-    return _validate(obj)
+    return validate_transaction(obj)
 
 
-def _validate(obj: dict[str, Any]) -> Transaction | Invalid:
+def validate_transaction(obj: dict[str, Any]) -> Transaction | Invalid:
+    """Check a decoded record (JSON or Avro) against the transaction contract; never raises."""
     for name in ("id", "card_id", "ts", "amount", "merchant_id"):
         if name not in obj or obj[name] is None:
             return Invalid("missing_field", f"required field {name!r} is missing")
@@ -237,15 +239,25 @@ def late_record(
     partition: int,
     offset: int,
     routed_at_ms: int,
+    raw_is_json: bool = True,
 ) -> bytes:
-    """Encode a late event: the original record, why it was not applied, and where it came from."""
-    return orjson.dumps({
+    """Encode a late event: the original record, why it was not applied, and where it came from.
+
+    ``raw_is_json``: the record is embedded as it came; otherwise (Avro) as the transaction's fields,
+    with the original bytes in ``value_base64``.
+    """
+    record: dict[str, Any] = {
         "reason": "late",
         "message": f"event time {tx.ts} is below the partition watermark {watermark}",
         "watermark": watermark,
         "topic": topic,
         "partition": partition,
         "offset": offset,
-        "event": orjson.Fragment(raw),
+        "event": orjson.Fragment(raw) if raw_is_json else {
+            "id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "amount": tx.amount, "merchant_id": tx.merchant_id,
+            "country": tx.country},
         "routed_at": routed_at_ms,
-    })
+    }
+    if not raw_is_json:
+        record["value_base64"] = base64.b64encode(raw).decode("ascii")
+    return orjson.dumps(record)

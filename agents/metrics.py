@@ -220,6 +220,10 @@ class BoundaryMetrics:
                                   ["topic_kind", "topic"], registry=r)
         self.dead_letters = Counter("seam_dead_letters", "Records sent to the dead-letter topic, by reason.",
                                     ["reason"], registry=r)
+        self.schema_lookups = Counter(
+            "seam_schema_lookups", "Writer schemas looked up in the schema registry (Avro input), by result: found, "
+            "unknown (not in the registry), unavailable (no answer in time), unsupported (not Avro).", ["result"],
+            registry=r)
         self.late_records = Counter("seam_late_records", "Records behind their partition's watermark, sent to the "
                                     "late topic, by input partition.", ["partition"], registry=r)
         self.end_to_end = BatchHistogram(

@@ -18,16 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agents.boundary import BatchResult
-from agents.codec import (
-    MAX_RECORD_BYTES,
-    Invalid,
-    Transaction,
-    dead_letter,
-    decode_transaction,
-    feature_record,
-    late_record,
-    prediction,
-)
+from agents.codec import Invalid, Transaction, dead_letter, late_record
+from agents.formats import RecordFormat, json_format
 from agents.ingest import RawRecord, RecordBatch
 from agents.metrics import BoundaryMetrics
 from agents.runtime import ModelInfo
@@ -91,9 +83,9 @@ class Pipeline:
         on_delivery_failure: Callable[[BaseException], None],
         write_through: bool = False,
         metrics: BoundaryMetrics | None = None,
-        max_record_bytes: int = MAX_RECORD_BYTES,
+        record_format: RecordFormat | None = None,
     ) -> None:
-        self._max_record_bytes = max_record_bytes
+        self.format = record_format or json_format()  # how records are decoded and outputs encoded
         self._metrics = metrics
         self._boundary = boundary
         self._outputs = outputs
@@ -126,6 +118,10 @@ class Pipeline:
             metrics.events_in.inc(len(batch.records))
             now_ms = time.time() * 1000
             metrics.stage.labels("ingest").observe_ages(now_ms, [record.timestamp for record in batch.records])
+        record_format = self.format
+        if record_format.prepare is not None:  # Avro: the batch's writer schemas, from the registry if new
+            await record_format.prepare([record.value for record in batch.records])
+        decode = record_format.decode
         watermark = cache.watermark(partition)
         items: list[tuple[tuple[float, ...], ScoringItem]] = []
         for record in batch.records:
@@ -140,7 +136,7 @@ class Pipeline:
                         items = []
                     await asyncio.sleep(0)
                     self._step_started = time.perf_counter()
-            tx = decode_transaction(record.value, self._max_record_bytes)
+            tx = decode(record.value)
             if isinstance(tx, Invalid):
                 if metrics is not None:
                     metrics.dead_letters.labels(tx.reason).inc()
@@ -158,7 +154,8 @@ class Pipeline:
                     metrics.late_records.labels(str(partition)).inc()
                 await self._route(batch, record, "late", self._outputs.late_topic, late_record(
                     tx, raw=record.value, watermark=watermark.value, topic=record.topic,
-                    partition=record.partition, offset=record.offset, routed_at_ms=_now_ms()))
+                    partition=record.partition, offset=record.offset, routed_at_ms=_now_ms(),
+                    raw_is_json=record_format.text_input))
                 continue
             if watermark.observe(tx.ts):
                 cache.touch_watermark(partition)
@@ -207,7 +204,7 @@ class Pipeline:
 
     async def deliver(self, result: BatchResult[ScoringItem], info: ModelInfo, threshold: float) -> None:
         """Send a scored batch (dead letters for rows whose inference failed); ack once delivered."""
-        outputs = self._outputs
+        outputs, encode = self._outputs, self.format
         feature_log, feature_set = outputs.feature_log_topic, _feature_set(info.feature_names)
         deliveries = []
         size = len(result.items)
@@ -228,11 +225,11 @@ class Pipeline:
                 deliveries.append(await outputs.send(item.batch, outputs.dlq_topic, record.key, value))
                 continue
             key = item.tx.card_id.encode()
-            value = prediction(item.tx, score=score, threshold=threshold, model=info.tag, queue_ms=queue_ms,
+            value = encode.prediction(item.tx, score=score, threshold=threshold, model=info.tag, queue_ms=queue_ms,
                                infer_ms=result.infer_ms, batch_size=size)
             deliveries.append(await outputs.send(item.batch, outputs.predictions_topic, key, value))
             if feature_log is not None:
-                features = feature_record(item.tx, feature_set=feature_set, features=item.features)
+                features = encode.feature_record(item.tx, feature_set=feature_set, features=item.features)
                 deliveries.append(await outputs.send(item.batch, feature_log, key, features))
         # Not awaited: the boundary's next batch need not wait for the broker. The records are
         # acknowledged (and so become committable) only once every output is delivered.

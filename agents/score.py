@@ -31,9 +31,9 @@ from mode import Service
 from agents import ingest
 from agents.boundary import BatchResult, ModelBoundary
 from agents.checkpoint import Checkpoint
-from agents.codec import shadow_score
 from agents.control import ControlFollower
 from agents.deployment import Deployment, DeploymentError, ModelRef, initial
+from agents.formats import RecordFormat, avro_format, json_format
 from agents.metrics import BoundaryMetrics, ModelMetrics
 from agents.models import ModelSet
 from agents.monitor import InputPartition, Restore, Snapshot, StatePartition, WorkerCollector
@@ -107,6 +107,7 @@ class ScoringService(Service):
         self.shadow_producer: OutputProducer | None = None
         self._shadow_starting = asyncio.Lock()
         self.pipeline: Pipeline | None = None
+        self.format: RecordFormat = json_format(settings.max_record_bytes)
         self.metrics = BoundaryMetrics()
         WorkerCollector(self._snapshot, registry=self.metrics.registry)
         self._revoked_at: float | None = None  # when the running rebalance revoked the partitions
@@ -173,6 +174,15 @@ class ScoringService(Service):
                 self.feature_log_producer = OutputProducer(settings.broker_bootstrap)
                 await self.feature_log_producer.start()
                 send = _route(settings.feature_log_topic, self.feature_log_producer.send, send)
+        if settings.input_format == "avro":
+            subjects = {"prediction": f"{settings.predictions_topic}-value",
+                        "shadow-score": f"{settings.shadow_topic}-value"}
+            if settings.feature_log_topic:
+                subjects["features"] = f"{settings.feature_log_topic}-value"
+            self.format = await avro_format(
+                settings.schema_registry_url, subjects=subjects, feature_names=DEFAULT_SPEC.names,
+                timeout_s=settings.schema_registry_timeout_s, max_record_bytes=settings.max_record_bytes,
+                on_lookup=lambda result: self.metrics.schema_lookups.labels(result).inc())
         outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send,
                           feature_log_topic=settings.feature_log_topic or None)
         lateness_ms = int(settings.allowed_lateness_s * 1000)
@@ -188,7 +198,7 @@ class ScoringService(Service):
             on_delivery_failure=self._on_delivery_failure,
             # The plain Faust path has no commit hook: write each batch's changes through at once.
             write_through=settings.ingest == "stream", metrics=self.metrics if settings.metrics else None,
-            max_record_bytes=settings.max_record_bytes)
+            record_format=self.format)
         # The control topic's deployment first: a worker that starts later serves what the others serve.
         self.control = ControlFollower(settings.broker_bootstrap, settings.model_control_topic)
         await self.control.start()
@@ -265,6 +275,8 @@ class ScoringService(Service):
             if producer is not None:
                 await producer.stop()
         self.output_producer = self.feature_log_producer = self.changelog_producer = self.shadow_producer = None
+        if self.format.close is not None:
+            await self.format.close()
 
     async def wait_ready(self) -> Pipeline:
         """Return the pipeline once the model is loaded."""
@@ -318,12 +330,12 @@ class ScoringService(Service):
                     self.shadow_producer = started
             producer = self.shadow_producer
             assert producer is not None
-        topic, tag, errors = self.settings.shadow_topic, info.tag, result.row_errors
+        topic, tag, errors, encode = self.settings.shadow_topic, info.tag, result.row_errors, self.format.shadow_score
         deliveries = []
         for index, (item, score) in enumerate(zip(result.items, result.scores.tolist(), strict=True)):
             if index not in errors:
                 deliveries.append(await producer.send(
-                    None, topic, item.tx.card_id.encode(), shadow_score(item.tx, score=score, model=tag)))
+                    None, topic, item.tx.card_id.encode(), encode(item.tx, score=score, model=tag)))
         if self.settings.metrics:
             metrics.scores.observe_many(_scored(result))
         if deliveries:

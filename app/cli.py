@@ -7,13 +7,16 @@ import functools
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import click
 import faust
+import orjson
 from faust.cli import AppCommand, argument, option
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from agents import control
+from agents.avro import transaction_writer
 from agents.deployment import Deployment, DeploymentError, ModelRef, deploy, initial, promote, rollback, set_shadow
 from app.loadgen import produce
 from app.settings import Settings
@@ -43,18 +46,21 @@ def register(app: faust.App, settings: Settings) -> None:
         self: AppCommand, rate: float, duration: float, cards: int, seed: int | None,
         topic: str | None, late_rate: float, start_ms: int | None,
     ) -> None:
-        """Produce realistic synthetic transactions at a fixed rate (open loop)."""
+        """Produce realistic synthetic transactions at a fixed rate (open loop), in SEAM_INPUT_FORMAT."""
         seed = int(time.time()) if seed is None else seed
         start_ms = int(time.time() * 1000) if start_ms is None else start_ms
         generator = TransactionGenerator(cards=cards, seed=seed, id_prefix=f"tx{seed}", start_ms=start_ms,
                                          late_rate=late_rate)
         target = topic or settings.input_topic
+        encode: Callable[[dict[str, Any]], bytes] = orjson.dumps
+        if settings.input_format == "avro":  # seam's transaction schema, registered as <topic>-value
+            encode = await transaction_writer(settings.schema_registry_url, f"{target}-value")
         columns = (TextColumn("producing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
         with Progress(*columns) as progress:
             task = progress.add_task("produce", total=int(rate * duration))
             report = await produce(
                 settings.broker_bootstrap, target, rate=rate, duration_s=duration, generator=generator,
-                partitions=settings.topic_partitions,
+                partitions=settings.topic_partitions, encode=encode,
                 on_progress=lambda done, _total: progress.update(task, completed=done))
         self.say(f"sent {report.sent} transactions ({report.fraud} in fraud bursts) to {target!r} "
                  f"in {report.elapsed_s:.1f}s ({report.rate:.0f}/s); last event time {generator.last_ts_ms} "

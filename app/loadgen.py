@@ -52,11 +52,13 @@ async def produce(
     on_progress: Callable[[int, int], None] | None = None,
     on_sent: Callable[[dict[str, Any], int], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    encode: Callable[[dict[str, Any]], bytes] = orjson.dumps,
 ) -> ProduceReport:
     """Send ``rate`` transactions per second for ``duration_s`` seconds (or until ``stop()`` is true, checked
     every tick); wait for every ack.
 
-    Each record's Kafka timestamp is the wall-clock time (epoch ms) at which it was handed to the
+    ``encode`` turns a transaction into the record's value (JSON by default; an :class:`agents.avro.AvroWriter`
+    for Avro). Each record's Kafka timestamp is the wall-clock time (epoch ms) at which it was handed to the
     producer; ``on_sent(transaction, timestamp_ms)`` is told it (the benchmark measures latency from it).
     """
     if rate <= 0 or duration_s <= 0:
@@ -85,10 +87,11 @@ async def produce(
                 batch = batches.get(partition)
                 if batch is None:
                     batch = batches[partition] = producer.create_batch()
-                if batch.append(key=key, value=orjson.dumps(tx), timestamp=now_ms) is None:
+                value = encode(tx)
+                if batch.append(key=key, value=value, timestamp=now_ms) is None:
                     pending.append(await producer.send_batch(batch, topic, partition=partition))
                     batch = batches[partition] = producer.create_batch()
-                    batch.append(key=key, value=orjson.dumps(tx), timestamp=now_ms)
+                    batch.append(key=key, value=value, timestamp=now_ms)
                 if on_sent is not None:
                     on_sent(tx, now_ms)
                 sent += 1

@@ -99,6 +99,14 @@ class Settings:
     state_db_memory_mb: int = 32
     # Input records with a larger value go to the dead-letter topic as too_large.
     max_record_bytes: int = 64 * 1024
+    # json: JSON objects in and out. avro: Confluent-framed Avro in (writer schemas by id from the registry),
+    # predictions, feature log and shadow scores out in Avro, their schemas registered as <topic>-value.
+    input_format: str = "json"
+    # The registry's Confluent-compatible API (Apicurio: http://host:8080/apis/ccompat/v6); needed for avro.
+    schema_registry_url: str = ""
+    # The longest a batch waits for the registry to return a schema it has not cached; records of a schema it
+    # could not get go to the dead-letter topic (registry_unavailable), and the id is asked for again 5 s later.
+    schema_registry_timeout_s: float = 5.0
     # Scaling: warm copies of each table partition kept on other workers (Faust's standby replicas),
     # so a worker taking over a partition reads only the changelog's tail instead of all of it.
     standby_replicas: int = 0
@@ -156,6 +164,13 @@ class Settings:
                                 f"{self.state_cache_cards} and {self.state_cache_events}")
         if self.state_db_memory_mb < 4:
             raise SettingsError(f"SEAM_STATE_DB_MEMORY_MB must be >= 4, got {self.state_db_memory_mb}")
+        if self.input_format not in {"json", "avro"}:
+            raise SettingsError(f"SEAM_INPUT_FORMAT must be json or avro, got {self.input_format!r}")
+        if self.input_format == "avro" and not self.schema_registry_url:
+            raise SettingsError("SEAM_INPUT_FORMAT=avro needs SEAM_SCHEMA_REGISTRY_URL (the registry's "
+                                "Confluent-compatible API, e.g. http://127.0.0.1:8081/apis/ccompat/v6)")
+        if self.schema_registry_timeout_s <= 0:
+            raise SettingsError(f"SEAM_SCHEMA_REGISTRY_TIMEOUT_S must be > 0, got {self.schema_registry_timeout_s}")
         if self.standby_replicas < 0:
             raise SettingsError(f"SEAM_STANDBY_REPLICAS must be >= 0, got {self.standby_replicas}")
 

@@ -154,8 +154,10 @@ async def collect(
     timeout_s: float,
     settle_s: float = 2.0,
     read_committed: bool = False,
+    decode: Callable[[str, bytes | None, bytes], dict[str, Any]] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Read records (:func:`decode_output`) from the start of ``topics`` until ``done`` holds (then ``settle_s``)."""
+    """Read records from the start of ``topics`` until ``done`` holds (then ``settle_s``), each decoded by
+    ``decode(topic, key, value)`` (default: :func:`decode_output`)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 isolation_level="read_committed" if read_committed else "read_uncommitted")
     await consumer.start()
@@ -167,7 +169,9 @@ async def collect(
         while time.monotonic() < (settle_until or deadline):
             batch = await consumer.getmany(timeout_ms=200)
             for tp, records in batch.items():
-                out[tp.topic] += [decode_output(r.key, r.value) | {"_kafka_ts": r.timestamp} for r in records]
+                out[tp.topic] += [
+                    (decode_output(r.key, r.value) if decode is None else decode(tp.topic, r.key, r.value))
+                    | {"_kafka_ts": r.timestamp} for r in records]
             if settle_until is None and done(out):
                 settle_until = time.monotonic() + settle_s
     finally:

@@ -143,6 +143,9 @@ def test_settings_error_is_a_value_error() -> None:
         ("SEAM_MAX_RECORD_BYTES", "0"),
         ("SEAM_WEB_PORT", "http"),
         ("SEAM_STANDBY_REPLICAS", "-1"),
+        ("SEAM_INPUT_FORMAT", "protobuf"),
+        ("SEAM_INPUT_FORMAT", "avro"),  # without SEAM_SCHEMA_REGISTRY_URL
+        ("SEAM_SCHEMA_REGISTRY_TIMEOUT_S", "0"),
     ],
 )
 def test_bad_values_name_the_variable(name: str, text: str) -> None:
@@ -259,3 +262,10 @@ def test_help_works_with_a_bad_variable_and_the_worker_names_it() -> None:
     refused = _seam("worker", SEAM_MAX_BATCH_SIZE="many")
     assert refused.returncode != 0
     assert "SEAM_MAX_BATCH_SIZE='many'" in refused.stderr, refused.stderr
+
+
+def test_avro_input_needs_a_registry() -> None:
+    settings = Settings.from_env({"SEAM_INPUT_FORMAT": "avro",
+                                  "SEAM_SCHEMA_REGISTRY_URL": "http://127.0.0.1:8081/apis/ccompat/v6"})
+    assert settings.input_format == "avro" and settings.schema_registry_timeout_s == 5.0
+    assert Settings().input_format == "json"

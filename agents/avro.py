@@ -1,0 +1,378 @@
+"""Avro records in the Confluent wire format, with their schemas in a schema registry.
+
+A record's value is a zero magic byte, the writer schema's registry id (4 bytes, big-endian), then the
+Avro binary encoding of the datum (no container header): what Confluent's serializers write and read.
+
+* :class:`SchemaRegistry`: the registry's Confluent-compatible REST API (fetch a schema by id, register
+  one under a subject).
+* :class:`SchemaCache`: writer schemas by id, fetched once. Lookups of ids it does not hold wait for the
+  registry up to ``timeout_s`` (retrying); an id the registry does not know is remembered for
+  ``UNKNOWN_RECHECK_S``, a registry that did not answer for ``RETRY_AFTER_S``: records meanwhile get
+  the refusal at once instead of each waiting (the outage policy: see the README's "Avro" section).
+* :class:`AvroInput`: resolves a batch's schema ids, then decodes each record with fastavro and validates
+  it as the JSON path does (:func:`agents.codec.validate_transaction`). Never raises on bad input.
+* :class:`AvroOutputs`: seam's output schemas (``agents/schemas/*.avsc``), checked against the feature
+  spec and against what seam writes, registered under ``<topic>-value``, and their encoders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.validation import validate
+
+from agents.codec import MAX_RECORD_BYTES, Invalid, Transaction, validate_transaction
+
+__all__ = [
+    "AvroInput",
+    "AvroOutputs",
+    "AvroWriter",
+    "RegistryUnavailable",
+    "SchemaCache",
+    "SchemaRegistry",
+    "SCHEMAS",
+    "frame",
+    "load_schema",
+    "transaction_writer",
+]
+
+logger = logging.getLogger(__name__)
+
+MAGIC = 0
+HEADER_BYTES = 5
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
+CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+UNKNOWN_SCHEMA = 40403  # the Confluent API's error code for a schema id it does not have
+
+
+def frame(schema_id: int, payload: bytes) -> bytes:
+    """A record value in the Confluent wire format."""
+    return bytes((MAGIC,)) + schema_id.to_bytes(4, "big") + payload
+
+
+def load_schema(name: str) -> dict[str, Any]:
+    """One of seam's schemas (``agents/schemas/<name>.avsc``) as JSON."""
+    result: dict[str, Any] = json.loads((SCHEMAS / f"{name}.avsc").read_text())
+    return result
+
+
+class RegistryUnavailable(Exception):  # noqa: N818 - a condition, named for what it says
+    """The registry did not answer (refused, timed out, or answered with a server error)."""
+
+
+class SchemaRegistry:
+    """A Confluent-compatible schema registry at ``url`` (Apicurio's ``.../apis/ccompat/v6``, Confluent's root)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(headers={"Accept": CONTENT_TYPE})
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _call(self, method: str, path: str, timeout_s: float, body: Any = None) -> tuple[int, Any]:
+        try:
+            async with self._client().request(
+                    method, self.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                    data=None if body is None else orjson.dumps(body),
+                    headers=None if body is None else {"Content-Type": CONTENT_TYPE}) as response:
+                text = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise RegistryUnavailable(f"{method} {self.url}{path}: {exc!r}") from exc
+        if status >= 500:
+            raise RegistryUnavailable(f"{method} {self.url}{path}: HTTP {status} {text[:200]!r}")
+        try:
+            return status, orjson.loads(text) if text else None
+        except orjson.JSONDecodeError as exc:
+            raise RegistryUnavailable(f"{method} {self.url}{path}: not JSON: {text[:200]!r}") from exc
+
+    async def schema(self, schema_id: int, timeout_s: float = 2.0) -> tuple[str, str] | None:
+        """The schema registered with ``schema_id`` as (type, text), or None if the registry has no such id."""
+        status, body = await self._call("GET", f"/schemas/ids/{schema_id}", timeout_s)
+        if status == 404 or (isinstance(body, dict) and body.get("error_code") == UNKNOWN_SCHEMA):
+            return None
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+            raise RegistryUnavailable(f"schema {schema_id}: unexpected answer HTTP {status} {body!r:.200}")
+        return str(body.get("schemaType") or "AVRO"), body["schema"]
+
+    async def register(self, subject: str, schema: dict[str, Any], timeout_s: float = 5.0) -> int:
+        """Register ``schema`` (Avro) under ``subject``; return its id (the existing one if it is registered)."""
+        status, body = await self._call("POST", f"/subjects/{subject}/versions", timeout_s,
+                                        {"schema": json.dumps(schema, separators=(",", ":"))})
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("id"), int):
+            raise ValueError(f"the registry refused the schema for subject {subject!r}: HTTP {status} {body!r}")
+        return int(body["id"])
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """A schema id whose records are refused until ``until`` (then looked up again)."""
+
+    invalid: Invalid
+    until: float
+
+
+Fetch = Callable[[int, float], Awaitable[tuple[str, str] | None]]  # (schema id, timeout) -> (type, text) or None
+
+
+class SchemaCache:
+    """Writer schemas by registry id (parsed for fastavro), fetched once; refusals remembered for a while."""
+
+    UNKNOWN_RECHECK_S = 60.0  # an id the registry did not have is asked for again after this
+    RETRY_AFTER_S = 5.0  # after the registry did not answer, ids it was asked for are refused this long
+    ATTEMPT_TIMEOUT_S = 2.0
+
+    def __init__(self, fetch: Fetch, *, timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 on_lookup: Callable[[str], None] | None = None) -> None:
+        self._fetch = fetch
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._sleep = sleep
+        self._on_lookup = on_lookup
+        self.entries: dict[int, Any] = {}  # id -> parsed schema, or _Refused
+        self._lookups: dict[int, asyncio.Future[None]] = {}
+
+    def needs(self, schema_id: int) -> bool:
+        """Whether ``schema_id`` must be looked up before its records can be decoded."""
+        entry = self.entries.get(schema_id)
+        return entry is None or (type(entry) is _Refused and entry.until <= self._clock())
+
+    async def resolve(self, schema_ids: Iterable[int]) -> None:
+        """Look up the ids that need it (concurrently; one request per id however many ask)."""
+        waits = []
+        for schema_id in schema_ids:
+            if not self.needs(schema_id):
+                continue
+            lookup = self._lookups.get(schema_id)
+            if lookup is None:
+                lookup = self._lookups[schema_id] = asyncio.ensure_future(self._look_up(schema_id))
+                lookup.add_done_callback(functools.partial(self._looked_up, schema_id))
+            waits.append(lookup)
+        if waits:
+            await asyncio.gather(*waits)
+
+    def _looked_up(self, schema_id: int, _done: asyncio.Future[None]) -> None:
+        self._lookups.pop(schema_id, None)
+
+    async def _look_up(self, schema_id: int) -> None:
+        deadline = self._clock() + self.timeout_s
+        delay, error = 0.05, ""
+        while True:
+            remaining = deadline - self._clock()
+            try:
+                found = await self._fetch(schema_id, max(0.05, min(self.ATTEMPT_TIMEOUT_S, remaining)))
+            except RegistryUnavailable as exc:
+                error = str(exc)
+            else:
+                self._found(schema_id, found)
+                return
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                break
+            await self._sleep(min(delay, remaining))
+            delay = min(delay * 2, 1.0)
+        logger.warning("schema registry unavailable: schema id %d not fetched within %.1f s (%s); its records go "
+                       "to the dead-letter topic for %.0f s, then it is asked for again", schema_id, self.timeout_s,
+                       error, self.RETRY_AFTER_S)
+        self._count("unavailable")
+        self.entries[schema_id] = _Refused(
+            Invalid("registry_unavailable", f"schema id {schema_id}: the schema registry did not answer within "
+                                            f"{self.timeout_s:g} s ({error})"),
+            self._clock() + self.RETRY_AFTER_S)
+
+    def _found(self, schema_id: int, found: tuple[str, str] | None) -> None:
+        if found is None:
+            logger.warning("schema id %d is not in the schema registry; its records go to the dead-letter topic",
+                           schema_id)
+            self._count("unknown")
+            self.entries[schema_id] = _Refused(
+                Invalid("unknown_schema_id", f"schema id {schema_id} is not in the schema registry"),
+                self._clock() + self.UNKNOWN_RECHECK_S)
+            return
+        kind, text = found
+        try:
+            if kind.upper() != "AVRO":
+                raise ValueError(f"a {kind} schema, not Avro")
+            parsed = parse_schema(json.loads(text))
+        except Exception as exc:  # noqa: BLE001 - not JSON, not a schema fastavro can read
+            self._count("unsupported")
+            self.entries[schema_id] = _Refused(
+                Invalid("unsupported_schema", f"schema id {schema_id} cannot be read: {exc}"), float("inf"))
+            return
+        self._count("found")
+        self.entries[schema_id] = parsed
+        logger.info("schema id %d fetched from the schema registry", schema_id)
+
+    def _count(self, result: str) -> None:
+        if self._on_lookup is not None:
+            self._on_lookup(result)
+
+
+class AvroInput:
+    """Decodes Confluent-framed Avro transactions (their schemas looked up per batch, before decoding)."""
+
+    def __init__(self, cache: SchemaCache, max_bytes: int = MAX_RECORD_BYTES) -> None:
+        self.cache = cache
+        self.max_bytes = max_bytes
+
+    async def prepare(self, values: Iterable[bytes | None]) -> None:
+        """Fetch the writer schemas these values name that are not cached (waits for the registry)."""
+        headers = {value[:HEADER_BYTES] for value in values if value is not None and len(value) > HEADER_BYTES}
+        needs = self.cache.needs
+        missing = [schema_id for header in headers
+                   if header[0] == MAGIC and needs(schema_id := int.from_bytes(header[1:], "big"))]
+        if missing:
+            await self.cache.resolve(missing)
+
+    def decode(self, raw: bytes | None) -> Transaction | Invalid:
+        """Decode and validate one record value (its schema resolved by :meth:`prepare`); never raises."""
+        if raw is None or len(raw) == 0:
+            return Invalid("empty_value", "record has no value")
+        size = len(raw)
+        if size > self.max_bytes:
+            return Invalid("too_large", f"value is {size} bytes, the limit is {self.max_bytes}")
+        if size <= HEADER_BYTES or raw[0] != MAGIC:
+            return Invalid("not_framed", "not in the Confluent wire format (a zero byte, a 4-byte schema id, "
+                                         f"then the Avro record): {size} bytes starting {raw[:HEADER_BYTES]!r}")
+        schema_id = int.from_bytes(raw[1:HEADER_BYTES], "big")
+        schema = self.cache.entries.get(schema_id)
+        if schema is None:
+            return Invalid("registry_unavailable", f"schema id {schema_id} was not looked up")
+        if type(schema) is _Refused:
+            return schema.invalid
+        stream = io.BytesIO(raw)
+        stream.seek(HEADER_BYTES)
+        try:
+            obj = schemaless_reader(stream, schema, None)
+        except Exception as exc:  # noqa: BLE001 - any malformed payload (EOF, bad UTF-8, bad union index)
+            return Invalid("undecodable", f"not an Avro record of schema id {schema_id}: {exc!r}")
+        if stream.tell() != size:
+            return Invalid("undecodable", f"{size - stream.tell()} bytes left after the Avro record of schema id "
+                                          f"{schema_id}")
+        if not isinstance(obj, dict):
+            return Invalid("not_a_record", f"schema id {schema_id} is not a record schema")
+        return validate_transaction(obj)
+
+
+class AvroWriter:
+    """Encodes data of one registered schema in the Confluent wire format."""
+
+    __slots__ = ("schema_id", "_header", "_schema")
+
+    def __init__(self, schema_id: int, schema: dict[str, Any]) -> None:
+        self.schema_id = schema_id
+        self._header = frame(schema_id, b"")
+        self._schema = parse_schema(schema)
+
+    def __call__(self, datum: dict[str, Any]) -> bytes:
+        stream = io.BytesIO(self._header)
+        stream.seek(HEADER_BYTES)
+        schemaless_writer(stream, self._schema, datum)
+        return stream.getvalue()
+
+
+async def transaction_writer(registry_url: str, subject: str, timeout_s: float = 10.0) -> AvroWriter:
+    """A producer's encoder of transactions (dicts) with seam's schema, registered under ``subject`` first."""
+    registry = SchemaRegistry(registry_url)
+    try:
+        schema = load_schema("transaction")
+        return AvroWriter(await registry.register(subject, schema, timeout_s), schema)
+    finally:
+        await registry.close()
+
+
+class AvroOutputs:
+    """seam's output records in Avro: the schemas in ``agents/schemas``, registered under ``<topic>-value``."""
+
+    def __init__(self, ids: dict[str, int], feature_names: Sequence[str]) -> None:
+        self._feature_names = tuple(feature_names)
+        self._writers = {name: AvroWriter(schema_id, load_schema(name)) for name, schema_id in ids.items()}
+
+    @staticmethod
+    def check(feature_names: Sequence[str]) -> None:
+        """Refuse schemas that do not match what seam writes (the feature spec's names, in order, included)."""
+        features = load_schema("features")
+        feature_type = next(f["type"] for f in features["fields"] if f["name"] == "features")
+        declared = [(f["name"], f["type"]) for f in feature_type["fields"]]
+        expected = [(name, "double") for name in feature_names]
+        if declared != expected:
+            raise ValueError(f"agents/schemas/features.avsc does not match the feature spec: its features are "
+                             f"{declared}, the spec's {expected}")
+        tx = Transaction("e-1", "c-1", 1_700_000_000_000, 1.0, "m-1", None)
+        samples = {
+            "prediction": _prediction_datum(tx, 0.5, 0.5, "model@1", 1.0, 1.0, 1),
+            "features": _features_datum(tx, "1-0", dict.fromkeys(feature_names, 0.0)),
+            "shadow-score": _shadow_datum(tx, 0.5, "model@1"),
+        }
+        for name, datum in samples.items():
+            validate(datum, parse_schema(load_schema(name)), raise_errors=True, strict=True)
+
+    @classmethod
+    async def register(cls, registry: SchemaRegistry, subjects: dict[str, str], feature_names: Sequence[str],
+                       timeout_s: float) -> AvroOutputs:
+        """Check the schemas, register each under its subject (schema name -> subject), retrying up to ``timeout_s``."""
+        cls.check(feature_names)
+        deadline = time.monotonic() + timeout_s
+        ids = {}
+        for name, subject in subjects.items():
+            while True:
+                try:
+                    ids[name] = await registry.register(subject, load_schema(name))
+                    break
+                except RegistryUnavailable:
+                    if time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+            logger.info("output schema %s registered under %s as id %d", name, subject, ids[name])
+        return cls(ids, feature_names)
+
+    def _write(self, name: str, datum: dict[str, Any]) -> bytes:
+        return self._writers[name](datum)
+
+    def prediction(self, tx: Transaction, *, score: float, threshold: float, model: str, queue_ms: float,
+                   infer_ms: float, batch_size: int) -> bytes:
+        return self._write("prediction", _prediction_datum(tx, score, threshold, model, queue_ms, infer_ms,
+                                                           batch_size))
+
+    def feature_record(self, tx: Transaction, *, feature_set: str, features: Sequence[float]) -> bytes:
+        return self._write("features", _features_datum(tx, feature_set, dict(zip(self._feature_names, features,
+                                                                                strict=True))))
+
+    def shadow_score(self, tx: Transaction, *, score: float, model: str) -> bytes:
+        return self._write("shadow-score", _shadow_datum(tx, score, model))
+
+
+def _prediction_datum(tx: Transaction, score: float, threshold: float, model: str, queue_ms: float,
+                      infer_ms: float, batch_size: int) -> dict[str, Any]:
+    return {"id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "score": score, "is_fraud": score >= threshold,
+            "model": model, "timing": {"queue_ms": round(queue_ms, 3), "infer_ms": round(infer_ms, 3),
+                                       "batch_size": batch_size}}
+
+
+def _features_datum(tx: Transaction, feature_set: str, features: dict[str, float]) -> dict[str, Any]:
+    return {"id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "feature_set": feature_set, "features": features}
+
+
+def _shadow_datum(tx: Transaction, score: float, model: str) -> dict[str, Any]:
+    return {"id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "score": score, "model": model}

@@ -1,0 +1,208 @@
+"""Avro in the Confluent wire format: the schema cache's lookups and refusals (injected clock, no registry),
+decoding and validating records, and seam's output schemas."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import math
+from typing import Any
+
+import pytest
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+
+from agents.avro import AvroInput, AvroOutputs, AvroWriter, RegistryUnavailable, SchemaCache, frame, load_schema
+from agents.codec import Invalid, Transaction, late_record
+from agents.formats import json_format
+from tables.features import DEFAULT_SPEC
+
+TX: dict[str, Any] = {"id": "e-1", "card_id": "c-1", "ts": 1_764_633_600_000, "amount": 12.5, "merchant_id": "m-1",
+      "country": "DE"}
+V1 = load_schema("transaction")
+V2 = dict(V1, fields=[*V1["fields"], {"name": "channel", "type": "string", "default": "online"}])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+class Registry:
+    """Schemas by id; ``down`` makes every fetch fail as an unreachable registry does."""
+
+    def __init__(self, clock: Clock, schemas: dict[int, tuple[str, str]]) -> None:
+        self.clock, self.schemas, self.down, self.calls = clock, schemas, False, 0
+
+    async def fetch(self, schema_id: int, timeout_s: float) -> tuple[str, str] | None:
+        self.calls += 1
+        await asyncio.sleep(0)
+        if self.down:
+            self.clock.now += timeout_s
+            raise RegistryUnavailable("connection refused")
+        return self.schemas.get(schema_id)
+
+
+def avro(schema_id: int, schema: dict[str, Any], datum: dict[str, Any]) -> bytes:
+    return AvroWriter(schema_id, schema)(datum)
+
+
+def reader(registry: Registry, clock: Clock, timeout_s: float = 3.0) -> AvroInput:
+    results: list[str] = []
+    cache = SchemaCache(registry.fetch, timeout_s=timeout_s, clock=clock, sleep=clock.sleep, on_lookup=results.append)
+    cache.results = results  # type: ignore[attr-defined]
+    return AvroInput(cache)
+
+
+def schemas() -> dict[int, tuple[str, str]]:
+    return {1: ("AVRO", json.dumps(V1)), 2: ("AVRO", json.dumps(V2)), 3: ("PROTOBUF", "syntax = 'proto3';"),
+            4: ("AVRO", '"string"')}
+
+
+async def decode(input_: AvroInput, *values: bytes) -> list[Transaction | Invalid]:
+    await input_.prepare(values)
+    return [input_.decode(value) for value in values]
+
+
+async def test_records_decode_and_validate_as_their_json_twins() -> None:
+    clock = Clock()
+    input_ = reader(Registry(clock, schemas()), clock)
+    [tx] = await decode(input_, avro(1, V1, TX))
+    assert tx == json_format().decode(json.dumps(TX).encode())
+    assert tx == Transaction("e-1", "c-1", TX["ts"], 12.5, "m-1", "DE")
+
+
+async def test_a_newer_writer_schema_with_a_field_added_decodes_without_a_restart() -> None:
+    clock = Clock()
+    registry = Registry(clock, schemas())
+    input_ = reader(registry, clock)
+    first, second = await decode(input_, avro(1, V1, TX), avro(2, V2, dict(TX, id="e-2", channel="pos")))
+    assert isinstance(first, Transaction) and isinstance(second, Transaction) and second.id == "e-2"
+    assert registry.calls == 2
+    await decode(input_, avro(2, V2, dict(TX, channel="pos")), avro(1, V1, TX))
+    assert registry.calls == 2, "schemas are fetched once"
+
+
+async def test_bad_records_get_their_own_reasons() -> None:
+    clock = Clock()
+    input_ = reader(Registry(clock, schemas()), clock)
+    good = avro(1, V1, TX)
+    cases = {
+        b"": "empty_value",
+        json.dumps(TX).encode(): "not_framed",
+        b"\x00\x00\x00": "not_framed",
+        b"\x01" + good[1:]: "not_framed",
+        frame(99, good[5:]): "unknown_schema_id",
+        good[: len(good) // 2]: "undecodable",
+        good + b"\x00": "undecodable",
+        frame(1, b"\x02\xff\xfe" + good[7:]): "undecodable",  # not UTF-8
+        frame(3, good[5:]): "unsupported_schema",
+        avro(4, {"type": "string"}, "text"): "not_a_record",  # type: ignore[arg-type]
+        avro(1, V1, dict(TX, amount=math.nan)): "not_finite",
+        avro(1, V1, dict(TX, ts=1_764_633_600)): "out_of_range",
+        avro(1, V1, dict(TX, card_id="")): "out_of_range",
+        b"\x00" * 70_000: "too_large",
+    }
+    results = await decode(input_, *cases)
+    assert [r.reason if isinstance(r, Invalid) else r for r in results] == list(cases.values())
+    assert "schema id 99 is not in the schema registry" in results[4].message  # type: ignore[union-attr]
+
+
+async def test_a_schema_is_fetched_once_however_many_batches_ask_at_the_same_time() -> None:
+    clock = Clock()
+    registry = Registry(clock, schemas())
+    input_ = reader(registry, clock)
+    values = [avro(1, V1, TX), avro(2, V2, dict(TX, channel="x"))]
+    await asyncio.gather(*(input_.prepare(values) for _ in range(5)))
+    assert registry.calls == 2
+    assert input_.cache.results == ["found", "found"]  # type: ignore[attr-defined]
+
+
+async def test_an_unreachable_registry_is_retried_until_the_timeout_then_its_ids_are_refused_for_a_while() -> None:
+    clock = Clock()
+    registry = Registry(clock, schemas())
+    input_ = reader(registry, clock, timeout_s=3.0)
+    cached, new = avro(1, V1, TX), avro(2, V2, dict(TX, channel="x"))
+    await decode(input_, cached)
+    registry.down = True
+    started = clock.now
+    results = await decode(input_, cached, new)
+    waited = clock.now - started
+    assert isinstance(results[0], Transaction), "a cached schema needs no registry"
+    assert isinstance(results[1], Invalid) and results[1].reason == "registry_unavailable"
+    assert 3.0 <= waited < 3.0 + SchemaCache.ATTEMPT_TIMEOUT_S + 1.0 and registry.calls > 2, (waited, registry.calls)
+    # Meanwhile its records are refused at once, without asking again.
+    calls = registry.calls
+    assert (await decode(input_, new))[0].reason == "registry_unavailable"  # type: ignore[union-attr]
+    assert registry.calls == calls
+    # After RETRY_AFTER_S it is asked for again; the registry is back.
+    registry.down = False
+    clock.now += SchemaCache.RETRY_AFTER_S
+    assert isinstance((await decode(input_, new))[0], Transaction)
+    assert input_.cache.results == ["found", "unavailable", "found"]  # type: ignore[attr-defined]
+
+
+async def test_an_unknown_id_is_asked_for_again_later() -> None:
+    clock = Clock()
+    registry = Registry(clock, {})
+    input_ = reader(registry, clock)
+    value = avro(7, V1, TX)
+    assert (await decode(input_, value))[0].reason == "unknown_schema_id"  # type: ignore[union-attr]
+    assert (await decode(input_, value))[0].reason == "unknown_schema_id"  # type: ignore[union-attr]
+    assert registry.calls == 1
+    registry.schemas[7] = ("AVRO", json.dumps(V1))
+    clock.now += SchemaCache.UNKNOWN_RECHECK_S
+    assert isinstance((await decode(input_, value))[0], Transaction)
+
+
+def read(name: str, value: bytes, schema_id: int) -> dict[str, Any]:
+    assert value[:5] == frame(schema_id, b"")
+    datum = schemaless_reader(io.BytesIO(value[5:]), parse_schema(load_schema(name)), None)
+    assert isinstance(datum, dict)
+    return datum
+
+
+def test_outputs_are_written_in_their_schemas_with_their_ids() -> None:
+    outputs = AvroOutputs({"prediction": 11, "features": 12, "shadow-score": 13}, DEFAULT_SPEC.names)
+    tx = Transaction("e-1", "c-1", TX["ts"], 12.5, "m-1", None)
+    prediction = read("prediction", outputs.prediction(tx, score=0.75, threshold=0.5, model="fraud-mlp@1",
+                                                       queue_ms=1.23456, infer_ms=0.5, batch_size=3), 11)
+    assert prediction == {"id": "e-1", "card_id": "c-1", "ts": TX["ts"], "score": 0.75, "is_fraud": True,
+                          "model": "fraud-mlp@1", "timing": {"queue_ms": 1.235, "infer_ms": 0.5, "batch_size": 3}}
+    values = tuple(float(i) for i in range(len(DEFAULT_SPEC.names)))
+    features = read("features", outputs.feature_record(tx, feature_set=DEFAULT_SPEC.version, features=values), 12)
+    assert features["features"] == dict(zip(DEFAULT_SPEC.names, values, strict=True))
+    assert features["feature_set"] == DEFAULT_SPEC.version and features["card_id"] == "c-1"
+    shadow = read("shadow-score", outputs.shadow_score(tx, score=0.25, model="fraud-mlp@2"), 13)
+    assert shadow == {"id": "e-1", "card_id": "c-1", "ts": TX["ts"], "score": 0.25, "model": "fraud-mlp@2"}
+
+
+def test_the_schemas_are_checked_against_the_feature_spec() -> None:
+    AvroOutputs.check(DEFAULT_SPEC.names)
+    with pytest.raises(ValueError, match="does not match the feature spec"):
+        AvroOutputs.check(DEFAULT_SPEC.names[1:])
+    with pytest.raises(ValueError, match="does not match the feature spec"):
+        AvroOutputs.check(tuple(reversed(DEFAULT_SPEC.names)))
+
+
+def test_a_late_avro_record_carries_its_fields_and_its_original_bytes() -> None:
+    raw = avro(1, V1, TX)
+    tx = Transaction("e-1", "c-1", TX["ts"], 12.5, "m-1", "DE")
+    record = json.loads(late_record(tx, raw=raw, watermark=TX["ts"] + 1, topic="tx", partition=2, offset=9,
+                                    routed_at_ms=0, raw_is_json=False))
+    assert record["event"] == TX and record["offset"] == 9
+    assert base64.b64decode(record["value_base64"]) == raw
+
+
+def test_the_writer_matches_fastavro_and_the_framing() -> None:
+    stream = io.BytesIO()
+    schemaless_writer(stream, parse_schema(V1), TX)
+    assert avro(258, V1, TX) == b"\x00\x00\x00\x01\x02" + stream.getvalue()
