@@ -7,7 +7,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool registry registry-up registry-down system-tools demo test unit integration lint model bench-model bench bench-ingest bench-models clean
+.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool registry registry-up registry-down system-tools demo test unit integration lint model bench-model bench bench-ingest bench-models bench-formats clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -78,6 +78,9 @@ bench-ingest: install kafka-jars  ## Ingestion benchmark: batch ingestion vs Fau
 
 bench-models: install kafka-jars  ## Model deployments: p99 around a swap vs before it, and what a shadow costs (~6 min).
 	$(PY) scripts/bench_models.py --pairs 2 --swaps 2 --write docs/BENCHMARKS.md
+
+bench-formats: install kafka-jars registry  ## Avro input vs JSON: saturation pairs and per-record decode/encode cost (~3 min).
+	$(PY) scripts/bench_formats.py --pairs 3 --write docs/BENCHMARKS.md
 
 clean:  ## Remove local data: workers' state, stopped local brokers' data (not the venv or the Kafka jars).
 	rm -rf .data .pytest_cache

@@ -15,6 +15,7 @@ import orjson
 
 __all__ = [
     "Invalid",
+    "JsonInput",
     "Transaction",
     "dead_letter",
     "decode_transaction",
@@ -55,47 +56,74 @@ class Invalid:
     message: str
 
 
-def decode_transaction(raw: bytes | None, max_bytes: int = MAX_RECORD_BYTES) -> Transaction | Invalid:
-    """Decode one record value; never raises on bad input."""
-    if raw is None or len(raw) == 0:
-        return Invalid("empty_value", "record has no value")
-    if len(raw) > max_bytes:
-        return Invalid("too_large", f"value is {len(raw)} bytes, the limit is {max_bytes}")
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        # NaN, Infinity and overflowing numbers are not JSON, but producers that write them (Python's
-        # json module does by default) deserve the precise reason; only this rare path pays for it.
+class JsonInput:
+    """Decodes JSON transaction records (values of at most ``max_bytes``)."""
+
+    __slots__ = ("max_bytes",)
+
+    def __init__(self, max_bytes: int = MAX_RECORD_BYTES) -> None:
+        self.max_bytes = max_bytes
+
+    def decode(self, raw: bytes | None) -> Transaction | Invalid:
+        """Decode and validate one record value; never raises on bad input."""
+        if raw is None or len(raw) == 0:
+            return Invalid("empty_value", "record has no value")
+        if len(raw) > self.max_bytes:
+            return Invalid("too_large", f"value is {len(raw)} bytes, the limit is {self.max_bytes}")
         try:
-            obj = json.loads(raw)
-        except (ValueError, RecursionError):
-            return Invalid("invalid_json", f"not valid JSON: {exc}")
-    if not isinstance(obj, dict):
-        return Invalid("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
-    return validate_transaction(obj)
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            # NaN, Infinity and overflowing numbers are not JSON, but producers that write them (Python's
+            # json module does by default) deserve the precise reason; only this rare path pays for it.
+            try:
+                obj = json.loads(raw)
+            except (ValueError, RecursionError):
+                return Invalid("invalid_json", f"not valid JSON: {exc}")
+        if not isinstance(obj, dict):
+            return Invalid("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
+        return validate_transaction(obj)
 
 
-def validate_transaction(obj: dict[str, Any]) -> Transaction | Invalid:
-    """Check a decoded record (JSON or Avro) against the transaction contract; never raises."""
-    for name in ("id", "card_id", "ts", "amount", "merchant_id"):
-        if name not in obj or obj[name] is None:
-            return Invalid("missing_field", f"required field {name!r} is missing")
-    for name in ("id", "card_id", "merchant_id"):
-        value = obj[name]
-        if not isinstance(value, str):
-            return Invalid("wrong_type", f"{name!r} must be a string, got {type(value).__name__}")
-        if not value or len(value) > MAX_ID_CHARS:
-            return Invalid("out_of_range", f"{name!r} must have 1..{MAX_ID_CHARS} characters")
-        if not value.isascii() and not _is_utf8(value):
-            return Invalid("invalid_json", f"{name!r} contains an unpaired surrogate escape")
-    ts = obj["ts"]
-    if isinstance(ts, bool) or not isinstance(ts, int):
-        return Invalid("wrong_type", f"'ts' must be an integer (epoch ms), got {type(ts).__name__}")
+def decode_transaction(raw: bytes | None, max_bytes: int = MAX_RECORD_BYTES) -> Transaction | Invalid:
+    """Decode one JSON record value; never raises on bad input."""
+    return JsonInput(max_bytes).decode(raw)
+
+
+def validate_transaction(obj: dict[str, Any], *, typed: bool = False) -> Transaction | Invalid:
+    """Check a decoded record (JSON or Avro) against the transaction contract; never raises.
+
+    ``typed``: the record was decoded with a schema that declares the contract's fields with their types
+    (an Avro writer schema, see :func:`agents.avro.declares_contract`): only their values are checked.
+    """
+    if not typed:
+        for name in ("id", "card_id", "ts", "amount", "merchant_id"):
+            if name not in obj or obj[name] is None:
+                return Invalid("missing_field", f"required field {name!r} is missing")
+        for name in ("id", "card_id", "merchant_id"):
+            value = obj[name]
+            if not isinstance(value, str):
+                return Invalid("wrong_type", f"{name!r} must be a string, got {type(value).__name__}")
+            if not value.isascii() and not _is_utf8(value):
+                return Invalid("invalid_json", f"{name!r} contains an unpaired surrogate escape")
+        ts = obj["ts"]
+        if isinstance(ts, bool) or not isinstance(ts, int):
+            return Invalid("wrong_type", f"'ts' must be an integer (epoch ms), got {type(ts).__name__}")
+        amount = obj["amount"]
+        if isinstance(amount, bool) or not isinstance(amount, int | float):
+            return Invalid("wrong_type", f"'amount' must be a number, got {type(amount).__name__}")
+        country = obj.get("country")
+        if country is not None and not isinstance(country, str):
+            return Invalid("wrong_type", f"'country' must be a string, got {type(country).__name__}")
+    else:
+        ts, amount, country = obj["ts"], obj["amount"], obj.get("country")
+    event_id, card_id, merchant_id = obj["id"], obj["card_id"], obj["merchant_id"]
+    if not (0 < len(event_id) <= MAX_ID_CHARS and 0 < len(card_id) <= MAX_ID_CHARS
+            and 0 < len(merchant_id) <= MAX_ID_CHARS):
+        name = next(n for n, v in (("id", event_id), ("card_id", card_id), ("merchant_id", merchant_id))
+                    if not 0 < len(v) <= MAX_ID_CHARS)
+        return Invalid("out_of_range", f"{name!r} must have 1..{MAX_ID_CHARS} characters")
     if not MIN_TS_MS <= ts <= MAX_TS_MS:
         return Invalid("out_of_range", f"'ts' {ts} is not an epoch-millisecond time")
-    amount = obj["amount"]
-    if isinstance(amount, bool) or not isinstance(amount, int | float):
-        return Invalid("wrong_type", f"'amount' must be a number, got {type(amount).__name__}")
     if isinstance(amount, int) and abs(amount) > MAX_ABS_AMOUNT:
         return Invalid("out_of_range", f"'amount' exceeds {MAX_ABS_AMOUNT:g} in magnitude")
     amount = float(amount)
@@ -103,11 +131,8 @@ def validate_transaction(obj: dict[str, Any]) -> Transaction | Invalid:
         return Invalid("not_finite", f"'amount' must be finite, got {amount}")
     if abs(amount) > MAX_ABS_AMOUNT:
         return Invalid("out_of_range", f"'amount' {amount} exceeds {MAX_ABS_AMOUNT:g} in magnitude")
-    country = obj.get("country")
-    if country is not None and not isinstance(country, str):
-        return Invalid("wrong_type", f"'country' must be a string, got {type(country).__name__}")
     # Merchant ids repeat across events and stay in card states for hours: one string object each.
-    return Transaction(obj["id"], obj["card_id"], ts, amount, sys.intern(obj["merchant_id"]), country)
+    return Transaction(event_id, card_id, ts, amount, sys.intern(merchant_id), country)
 
 
 def _is_utf8(text: str) -> bool:

@@ -53,10 +53,8 @@ class RecordFormat:
 def json_format(max_record_bytes: int = MAX_RECORD_BYTES) -> RecordFormat:
     """JSON objects in, JSON predictions and shadow scores out (the feature log in seam's binary layout)."""
 
-    def decode(raw: bytes | None) -> Transaction | Invalid:
-        return codec.decode_transaction(raw, max_record_bytes)
-
-    return RecordFormat("json", decode, codec.prediction, codec.feature_record, codec.shadow_score)
+    return RecordFormat("json", codec.JsonInput(max_record_bytes).decode, codec.prediction, codec.feature_record,
+                        codec.shadow_score)
 
 
 async def avro_format(registry_url: str, *, subjects: dict[str, str], feature_names: Sequence[str],

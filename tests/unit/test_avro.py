@@ -13,7 +13,16 @@ from typing import Any
 import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
-from agents.avro import AvroInput, AvroOutputs, AvroWriter, RegistryUnavailable, SchemaCache, frame, load_schema
+from agents.avro import (
+    AvroInput,
+    AvroOutputs,
+    AvroWriter,
+    RegistryUnavailable,
+    SchemaCache,
+    frame,
+    load_schema,
+    writer_schema,
+)
 from agents.codec import Invalid, Transaction, late_record
 from agents.formats import json_format
 from tables.features import DEFAULT_SPEC
@@ -206,3 +215,42 @@ def test_the_writer_matches_fastavro_and_the_framing() -> None:
     stream = io.BytesIO()
     schemaless_writer(stream, parse_schema(V1), TX)
     assert avro(258, V1, TX) == b"\x00\x00\x00\x01\x02" + stream.getvalue()
+
+
+def test_a_schema_file_changed_without_its_encoder_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agents.avro
+
+    original = agents.avro.load_schema
+
+    def reordered(name: str) -> dict[str, Any]:
+        schema = original(name)
+        if name == "prediction":  # the same fields, score and is_fraud swapped
+            fields = schema["fields"]
+            schema["fields"] = [*fields[:3], fields[4], fields[3], *fields[5:]]
+        return schema
+
+    monkeypatch.setattr(agents.avro, "load_schema", reordered)
+    with pytest.raises(ValueError, match=r"prediction\.avsc does not match what seam writes"):
+        AvroOutputs.check(DEFAULT_SPEC.names)
+
+
+def test_writer_schemas_that_declare_the_contract_skip_the_type_checks_and_others_get_them() -> None:
+    assert writer_schema(V1).typed and writer_schema(V2).typed
+    as_text = dict(V1, fields=[dict(f, type="string") if f["name"] == "amount" else f for f in V1["fields"]])
+    without = dict(V1, fields=[f for f in V1["fields"] if f["name"] != "merchant_id"])
+    assert not writer_schema(as_text).typed and not writer_schema(without).typed
+    clock = Clock()
+    input_ = reader(Registry(clock, {5: ("AVRO", json.dumps(as_text)), 6: ("AVRO", json.dumps(without))}), clock)
+    text_amount, no_merchant = asyncio.run(decode(
+        input_, avro(5, as_text, dict(TX, amount="12.5")),
+        avro(6, without, {k: v for k, v in TX.items() if k != "merchant_id"})))
+    assert (text_amount.reason, no_merchant.reason) == ("wrong_type", "missing_field")  # type: ignore[union-attr]
+
+
+def test_an_event_time_declared_as_timestamp_millis_is_read_as_epoch_milliseconds() -> None:
+    logical = dict(V1, fields=[dict(f, type={"type": "long", "logicalType": "timestamp-millis"})
+                               if f["name"] == "ts" else f for f in V1["fields"]])
+    clock = Clock()
+    input_ = reader(Registry(clock, {8: ("AVRO", json.dumps(logical))}), clock)
+    [tx] = asyncio.run(decode(input_, avro(8, logical, TX)))
+    assert isinstance(tx, Transaction) and tx.ts == TX["ts"]
