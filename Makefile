@@ -79,7 +79,7 @@ bench-ingest: install kafka-jars  ## Ingestion benchmark: batch ingestion vs Fau
 bench-models: install kafka-jars  ## Model deployments: p99 around a swap vs before it, and what a shadow costs (~6 min).
 	$(PY) scripts/bench_models.py --pairs 2 --swaps 2 --write docs/BENCHMARKS.md
 
-bench-formats: install kafka-jars registry  ## Avro input vs JSON: saturation pairs and per-record decode/encode cost (~3 min).
+bench-formats: install kafka-jars registry  ## Avro input vs JSON: saturation pairs and per-record decode/encode cost (~8 min).
 	$(PY) scripts/bench_formats.py --pairs 3 --write docs/BENCHMARKS.md
 
 clean:  ## Remove local data: workers' state, stopped local brokers' data (not the venv or the Kafka jars).

@@ -189,6 +189,8 @@ class SchemaCache:
         self._sleep = sleep
         self._on_lookup = on_lookup
         self.entries: dict[int, WriterSchema | _Refused] = {}
+        # The wire-format header (magic byte and id) of every schema found -> the schema: what decoding reads.
+        self.by_header: dict[bytes, WriterSchema] = {}
         self._lookups: dict[int, asyncio.Future[None]] = {}
 
     def needs(self, schema_id: int) -> bool:
@@ -260,6 +262,7 @@ class SchemaCache:
             return
         self._count("found")
         self.entries[schema_id] = parsed
+        self.by_header[frame(schema_id, b"")] = parsed
         logger.info("schema id %d fetched from the schema registry", schema_id)
 
     def _count(self, result: str) -> None:
@@ -276,10 +279,10 @@ class AvroInput:
 
     async def prepare(self, values: Iterable[bytes | None]) -> None:
         """Fetch the writer schemas these values name that are not cached (waits for the registry)."""
+        known, needs = self.cache.by_header, self.cache.needs
         headers = {value[:HEADER_BYTES] for value in values if value is not None and len(value) > HEADER_BYTES}
-        needs = self.cache.needs
-        missing = [schema_id for header in headers
-                   if header[0] == MAGIC and needs(schema_id := int.from_bytes(header[1:], "big"))]
+        missing = [schema_id for header in headers if header not in known
+                   and header[0] == MAGIC and needs(schema_id := int.from_bytes(header[1:], "big"))]
         if missing:
             await self.cache.resolve(missing)
 
@@ -290,27 +293,38 @@ class AvroInput:
         size = len(raw)
         if size > self.max_bytes:
             return Invalid("too_large", f"value is {size} bytes, the limit is {self.max_bytes}")
-        if size <= HEADER_BYTES or raw[0] != MAGIC:
-            return Invalid("not_framed", "not in the Confluent wire format (a zero byte, a 4-byte schema id, "
-                                         f"then the Avro record): {size} bytes starting {raw[:HEADER_BYTES]!r}")
-        schema_id = int.from_bytes(raw[1:HEADER_BYTES], "big")
-        schema = self.cache.entries.get(schema_id)
+        schema = self.cache.by_header.get(raw[:HEADER_BYTES])
         if schema is None:
-            return Invalid("registry_unavailable", f"schema id {schema_id} was not looked up")
-        if isinstance(schema, _Refused):
-            return schema.invalid
+            return self._not_decodable(raw)
         stream = io.BytesIO(raw)
         stream.seek(HEADER_BYTES)
         try:
             obj = schemaless_reader(stream, schema.parsed, None)
         except Exception as exc:  # noqa: BLE001 - any malformed payload (EOF, bad UTF-8, bad union index)
-            return Invalid("undecodable", f"not an Avro record of schema id {schema_id}: {exc!r}")
+            return Invalid("undecodable", f"not an Avro record of schema id {_schema_id(raw)}: {exc!r}")
         if stream.tell() != size:
             return Invalid("undecodable", f"{size - stream.tell()} bytes left after the Avro record of schema id "
-                                          f"{schema_id}")
+                                          f"{_schema_id(raw)}")
+        if schema.typed:  # a record schema with the contract's types
+            return validate_transaction(obj, typed=True)  # type: ignore[arg-type]
         if not isinstance(obj, dict):
-            return Invalid("not_a_record", f"schema id {schema_id} is not a record schema")
-        return validate_transaction(obj, typed=schema.typed)
+            return Invalid("not_a_record", f"schema id {_schema_id(raw)} is not a record schema")
+        return validate_transaction(obj)
+
+    def _not_decodable(self, raw: bytes) -> Invalid:
+        """Why a value whose header names no schema found cannot be decoded."""
+        if len(raw) <= HEADER_BYTES or raw[0] != MAGIC:
+            return Invalid("not_framed", "not in the Confluent wire format (a zero byte, a 4-byte schema id, "
+                                         f"then the Avro record): {len(raw)} bytes starting {raw[:HEADER_BYTES]!r}")
+        schema_id = _schema_id(raw)
+        entry = self.cache.entries.get(schema_id)
+        if isinstance(entry, _Refused):
+            return entry.invalid
+        return Invalid("registry_unavailable", f"schema id {schema_id} was not looked up")
+
+
+def _schema_id(raw: bytes) -> int:
+    return int.from_bytes(raw[1:HEADER_BYTES], "big")
 
 
 class AvroWriter:

@@ -94,7 +94,7 @@ def scored(out: dict[str, list[dict[str, Any]]], topics: Topics, ids: set[str]) 
     return ({p["id"] for p in out[topics.predictions]} >= ids and {f["id"] for f in out[topics.features]} >= ids)
 
 
-def test_avro_records_are_scored_like_their_json_twins_and_bad_ones_dead_lettered(
+def test_avro_records_are_scored_like_their_json_twins_and_bad_ones_dead_lettered_exactly_once(
         kafka_bootstrap: str, schema_registry: str, tmp_path: Path) -> None:
     suffix = uuid.uuid4().hex[:10]
     avro, twin = Topics.unique(f"avro-{suffix}"), Topics.unique(f"json-{suffix}")
@@ -118,7 +118,9 @@ def test_avro_records_are_scored_like_their_json_twins_and_bad_ones_dead_lettere
         write_v1(phase1[3] | {"id": "sec-1", "ts": phase1[3]["ts"] // 1000}): "out_of_range",
     }
     records1 = first[:100] + [(b"c-bad", value) for value in bad_phase1] + first[100:]
-    env = {"SEAM_INPUT_FORMAT": "avro", "SEAM_SCHEMA_REGISTRY_URL": schema_registry, "SEAM_MAX_WAIT_MS": "5"}
+    # The Avro worker exactly once (its outputs in transactions), the JSON twin at least once.
+    env = {"SEAM_INPUT_FORMAT": "avro", "SEAM_SCHEMA_REGISTRY_URL": schema_registry, "SEAM_MAX_WAIT_MS": "5",
+           "SEAM_PROCESSING_GUARANTEE": "exactly_once"}
     workers = [Worker(kafka_bootstrap, avro.env() | env, tmp_path / "avro", free_port()),
                Worker(kafka_bootstrap, twin.env(), tmp_path / "json", free_port())]
     try:
@@ -129,7 +131,8 @@ def test_avro_records_are_scored_like_their_json_twins_and_bad_ones_dead_lettere
         ids1 = {e["id"] for e in phase1}
         decode = output_decoder(client, {avro.predictions, avro.features})
         out1 = asyncio.run(collect(kafka_bootstrap, [avro.predictions, avro.features], decode=decode,
-                                   done=lambda o: scored(o, avro, ids1), timeout_s=60, settle_s=0))
+                                   done=lambda o: scored(o, avro, ids1), timeout_s=60, settle_s=0,
+                                   read_committed=True))
         assert {p["id"] for p in out1[avro.predictions]} >= ids1
         # The producer moves to the next version while the worker runs; an incompatible one is refused.
         write_v2 = serializer(client, V2, avro.input)
@@ -150,7 +153,7 @@ def test_avro_records_are_scored_like_their_json_twins_and_bad_ones_dead_lettere
                                               else orjson.loads(value) if topic != twin.features
                                               else decode_output(key, value)),
             done=lambda o: scored(o, avro, ids) and scored(o, twin, ids) and len(o[avro.dlq]) >= len(bad),
-            timeout_s=90))
+            timeout_s=90, read_committed=True))
         metrics = workers[0].get("/metrics")[1].decode()
     finally:
         codes = [worker.stop() for worker in workers]
@@ -160,6 +163,7 @@ def test_avro_records_are_scored_like_their_json_twins_and_bad_ones_dead_lettere
     assert out[avro.late] == []
     avro_scored, twin_scored = with_avro_features(out, avro), {p["id"]: p for p in with_features(out, twin)}
     assert set(avro_scored) == set(twin_scored) == ids
+    assert len(out[avro.predictions]) == len(out[avro.features]) == len(ids), "exactly once: no repeats"
     for event_id, prediction in avro_scored.items():
         expected = twin_scored[event_id]
         assert prediction["features"] == expected["features"], event_id
