@@ -1,8 +1,11 @@
 # seam worker image: the project installed as users install it.
 #   docker build -t seam .                                   # CPU
 #   docker build -t seam:cuda --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 .   # GPU hosts
+#   python scripts/images.py   # no image registry or package index: a Debian base and a wheelhouse (README: Docker)
+# OFFLINE=true installs from the wheelhouse in docker/wheels (scripts/images.py builds it) instead of the index.
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}
+ARG OFFLINE=false
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 # The CUDA base images ship no Python; the slim image already has one.
@@ -17,7 +20,12 @@ COPY app ./app
 COPY agents ./agents
 COPY tables ./tables
 COPY models ./models
-RUN pip install --upgrade pip && pip install .
+COPY docker/wheels /tmp/wheels
+RUN if [ "$OFFLINE" = true ]; then \
+      pip install --no-index --find-links /tmp/wheels . ; \
+    else \
+      pip install --upgrade pip && pip install . ; \
+    fi && rm -rf /tmp/wheels
 
 ENV SEAM_DATA_DIR=/var/lib/seam \
     SEAM_MODEL_PATH=/srv/seam/models/fraud-mlp.onnx \

@@ -7,7 +7,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool registry registry-up registry-down system-tools demo test unit integration lint model bench-model bench bench-ingest bench-models bench-formats clean
+.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool registry registry-up registry-down system-tools demo test unit integration lint model bench-model bench bench-ingest bench-models bench-formats images compose-test clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -45,14 +45,21 @@ registry-up: registry  ## Start the schema registry on 127.0.0.1:$REGISTRY_PORT 
 registry-down:  ## Stop the schema registry started by registry-up.
 	@$(PYTHON) scripts/registry_local.py down
 
-system-tools:  ## Install Chromium, chromedriver and Prometheus (Debian packages) for the tests, where possible.
+system-tools:  ## Install Chromium, chromedriver, Prometheus, Docker, docker-compose and mmdebstrap (Debian packages) for the tests, where possible.
 	@bash scripts/system_tools.sh
 
 demo: install kafka-jars  ## Start a broker and a worker, score ~30 s of live transactions, stop both.
 	$(PY) scripts/demo.py
 
-test: install kafka-jars registry system-tools  ## Run unit and integration tests (starts and stops its own broker and registry).
+test: install kafka-jars registry system-tools  ## Run unit and integration tests (starts and stops its own broker and registry), then compose-test.
 	$(PY) -m pytest
+	$(PY) scripts/compose_test.py
+
+images: install kafka-jars  ## Build the container images here (a Debian base, a wheelhouse; see docker-compose.local.yml).
+	$(PY) scripts/images.py
+
+compose-test: install kafka-jars  ## Kafka and 3 workers in docker compose: kill one, scale to 2 and 4, every input answered (skips without Docker).
+	$(PY) scripts/compose_test.py
 
 unit: install  ## Run the unit tests only (no broker).
 	$(PY) -m pytest tests/unit

@@ -5,6 +5,7 @@
     python scripts/kafka_local.py down   # stop the broker this script started (by PID)
     python scripts/kafka_local.py status
     python scripts/kafka_local.py purge  # remove the data of every broker here that is not running
+    python scripts/kafka_local.py serve --advertise kafka   # in the foreground, on every interface (a container)
     python scripts/kafka_local.py tool kafka-consumer-groups --describe --group seam   # Kafka's own tools
 
 Settings (environment or flags): KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (port + 1000),
@@ -70,12 +71,24 @@ logger.state.name = state.change.logger
 logger.state.level = warn
 """
 
+CONSOLE_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.out.ref = out
+logger.state.name = state.change.logger
+logger.state.level = warn
+"""
+
 SERVER_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{controller_port}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listeners=PLAINTEXT://{listen}:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://{advertise}:{port}
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
@@ -218,6 +231,42 @@ class Broker:
     def pid(self) -> int | None:
         return running_pid(self.pid_file)
 
+    def _prepare(self, java: str, *, listen: str = "127.0.0.1", advertise: str = "127.0.0.1",
+                 console: bool = False) -> tuple[list[str], Path, Path]:
+        """Write the configuration, format the storage once; return the JVM command, the properties, the log dir."""
+        libs = fetch_jars(self.home)
+        data_dir = self.run_dir / "data"
+        log_dir = self.run_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        props = self.run_dir / "server.properties"
+        props.write_text(SERVER_PROPERTIES.format(
+            port=self.port, controller_port=self.controller_port, data_dir=data_dir, listen=listen,
+            advertise=advertise))
+        log_config = self.run_dir / "log4j2.properties"
+        level = os.environ.get("KAFKA_LOG_LEVEL", "INFO")
+        log_config.write_text(CONSOLE_LOG4J2.format(level=level) if console
+                              else LOG4J2.format(log_dir=log_dir, level=level))
+        jvm = [java, *HEAP.split(), "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+               "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
+               f"-Dkafka.logs.dir={log_dir}", f"-Dlog4j2.configurationFile={log_config}",
+               "-cp", f"{libs}/*"]
+        if not (data_dir / "meta.properties").exists():
+            # "=" form: a random id may start with "-", which would read as an option.
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            fmt = subprocess.run(
+                [*jvm, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props),
+                 "--ignore-formatted"], capture_output=True, text=True)
+            if fmt.returncode != 0:
+                raise KafkaError("formatting storage failed:\n" + fmt.stdout + fmt.stderr)
+        return jvm, props, log_dir
+
+    def serve(self, advertise: str) -> None:
+        """Run the broker in this process (a container's entrypoint): listening on every interface, advertised
+        as ``advertise``, logging to the console; it stops on SIGTERM."""
+        java = require("java", "Install a Java 17+ runtime (Debian/Ubuntu: apt install openjdk-17-jre-headless).")
+        jvm, props, _log_dir = self._prepare(java, listen="0.0.0.0", advertise=advertise, console=True)
+        os.execv(java, [*jvm, "kafka.Kafka", str(props)])
+
     def up(self, wait_s: float = 90.0) -> None:
         if self.pid() is not None and metadata_ok(self.port):
             print(f"kafka_local: already running (pid {self.pid()}) on {self.bootstrap}")
@@ -231,27 +280,7 @@ class Broker:
                     f"port {port} on 127.0.0.1 is already in use. Stop whatever listens there, "
                     f"or pick another with KAFKA_PORT=<port> (controller: KAFKA_CONTROLLER_PORT)."
                 )
-        libs = fetch_jars(self.home)
-        data_dir = self.run_dir / "data"
-        log_dir = self.run_dir / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        props = self.run_dir / "server.properties"
-        props.write_text(SERVER_PROPERTIES.format(
-            port=self.port, controller_port=self.controller_port, data_dir=data_dir))
-        log_config = self.run_dir / "log4j2.properties"
-        log_config.write_text(LOG4J2.format(log_dir=log_dir, level=os.environ.get("KAFKA_LOG_LEVEL", "INFO")))
-        jvm = [java, *HEAP.split(), "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-               "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
-               f"-Dkafka.logs.dir={log_dir}", f"-Dlog4j2.configurationFile={log_config}",
-               "-cp", f"{libs}/*"]
-        if not (data_dir / "meta.properties").exists():
-            # "=" form: a random id may start with "-", which would read as an option.
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            fmt = subprocess.run(
-                [*jvm, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props),
-                 "--ignore-formatted"], capture_output=True, text=True)
-            if fmt.returncode != 0:
-                raise KafkaError("formatting storage failed:\n" + fmt.stdout + fmt.stderr)
+        jvm, props, log_dir = self._prepare(java)
         with open(log_dir / "stdout.log", "ab") as out:
             proc = subprocess.Popen([*jvm, "kafka.Kafka", str(props)], stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
@@ -352,10 +381,12 @@ def main(argv: list[str] | None = None) -> int:
         home = Path(os.environ.get("KAFKA_HOME", ROOT / ".cache" / "kafka")).resolve()
         return run_tool(home, argv[1], argv[2:], int(os.environ.get("KAFKA_PORT", "9092")))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "status", "fetch", "purge"])
+    parser.add_argument("command", choices=["up", "down", "status", "fetch", "purge", "serve"])
     parser.add_argument("--port", type=int, default=int(os.environ.get("KAFKA_PORT", "9092")))
     parser.add_argument("--controller-port", type=int, default=int(os.environ.get("KAFKA_CONTROLLER_PORT", "0")))
     parser.add_argument("--home", type=Path, default=Path(os.environ.get("KAFKA_HOME", ROOT / ".cache" / "kafka")))
+    parser.add_argument("--advertise", default="127.0.0.1",
+                        help="serve: the host name clients are told to connect to (a container's service name)")
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="config, data, logs and PID file (default: <home>/run-<port>)")
     args = parser.parse_args(argv)
@@ -371,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "up":
         broker.up()
+        return 0
+    if args.command == "serve":
+        broker.serve(args.advertise)
         return 0
     if args.command == "down":
         broker.down()

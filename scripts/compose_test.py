@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""seam in containers, as the README's Docker section runs it: Kafka and scaled workers with docker compose, a
+worker killed, the service scaled down and up, every input answered.
+
+    python scripts/compose_test.py      # make compose-test (make test runs it)
+
+1. A Docker engine: the running one, or ``dockerd`` started here (and stopped at the end) when it is installed
+   and this user may. Without one (or without docker-compose and mmdebstrap) it says why and skips (exit 0).
+2. The images, built here (``scripts/images.py``: a Debian base, a wheelhouse, ``docker-compose.local.yml``).
+3. ``docker-compose -f docker-compose.yml -f docker-compose.local.yml up -d --scale worker=3`` under a project
+   name of its own; synthetic load from a container on the project's network (``run worker produce``);
+   one worker container ``docker kill``-ed; ``--scale worker=2``, then ``--scale worker=4``.
+4. Checks: every input answered (a prediction, a late record or a dead letter; read inside the network by
+   ``scripts/compose_check.py``), ``/cluster/`` the same from every running worker and naming each of them,
+   ``/features/<card>/`` the same from any worker, Prometheus scraping every worker.
+5. ``docker-compose down -v``; no container, network or volume of the project is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = f"seamct{uuid.uuid4().hex[:6]}"
+COMPOSE = ["docker-compose", "-p", PROJECT, "-f", str(ROOT / "docker-compose.yml"),
+           "-f", str(ROOT / "docker-compose.local.yml")]
+RATE, DURATION_S, CARDS = 150, 70, 300
+
+
+def say(message: str) -> None:
+    print(f"compose-test: {message}", flush=True)
+
+
+def run(cmd: list[str], *, check: bool = True, capture: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=capture, **kwargs)
+    if check and result.returncode != 0:
+        raise SystemExit(f"compose-test: {' '.join(cmd)} failed ({result.returncode}):\n"
+                         f"{result.stdout}\n{result.stderr}")
+    return result
+
+
+def engine_up() -> bool:
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+def start_engine() -> subprocess.Popen[bytes] | None:
+    """Start dockerd when it is installed and not running; None if one already runs. Exits 0 (a skip) without one."""
+    for tool, package in (("docker", "docker.io"), ("docker-compose", "docker-compose"), ("mmdebstrap", "mmdebstrap")):
+        if shutil.which(tool) is None:
+            say(f"skipped: `{tool}` is not installed (Debian: apt install {package}; make system-tools does as root)")
+            sys.exit(0)
+    if engine_up():
+        return None
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        say("skipped: no Docker engine runs and this user cannot start dockerd (it needs root)")
+        sys.exit(0)
+    log = open("/tmp/seam-dockerd.log", "ab")  # noqa: SIM115 - open for the daemon's lifetime
+    daemon = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if daemon.poll() is not None:
+            say(f"skipped: dockerd exited with {daemon.returncode} (see /tmp/seam-dockerd.log)")
+            sys.exit(0)
+        if engine_up():
+            say(f"started dockerd (pid {daemon.pid})")
+            return daemon
+        time.sleep(0.5)
+    daemon.terminate()
+    say("skipped: dockerd did not answer within 60 s (see /tmp/seam-dockerd.log)")
+    sys.exit(0)
+
+
+def wait_for(what: str, condition: Callable[[], Any], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = condition()
+        except (OSError, ValueError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(1)
+    raise SystemExit(f"compose-test: {what} not reached within {timeout_s:.0f} s (last: {last!r})\n{logs()}")
+
+
+def logs() -> str:
+    return run([*COMPOSE, "logs", "--tail", "20"], check=False).stdout[-6000:]
+
+
+def get(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:  # noqa: S310 - loopback
+        return json.loads(response.read())
+
+
+def workers() -> dict[str, int]:
+    """Running worker containers -> the host port their web view is published on."""
+    ids = run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}",
+               "--filter", "label=com.docker.compose.service=worker", "--filter", "status=running",
+               "--filter", "label=com.docker.compose.oneoff=False"]).stdout.split()  # not the load generator
+    found = {}
+    for container in ids:
+        mapping = run(["docker", "port", container, "6066/tcp"]).stdout.split()[0]
+        found[container] = int(mapping.rsplit(":", 1)[1])
+    return found
+
+
+def consistent_cluster(expected: int) -> dict[str, Any] | None:
+    """Every running worker is ready and serves the same /cluster/ view, naming ``expected`` workers."""
+    ports = workers()
+    if len(ports) != expected or not all(get(port, "/ready/")["ready"] for port in ports.values()):
+        return None
+    views = [get(port, "/cluster/") for port in ports.values()]
+    shapes = {json.dumps({"generation": v["generation"], "workers": sorted(
+        (w["url"], json.dumps(w["active"], sort_keys=True)) for w in v["workers"])}) for v in views}
+    if len(shapes) != 1 or len(views[0]["workers"]) != expected:
+        return None
+    owned = sorted(p for w in views[0]["workers"] for p in w["input_partitions"])
+    return views[0] if owned == list(range(8)) else None
+
+
+def scale(count: int) -> None:
+    say(f"scaling the worker service to {count}")
+    run([*COMPOSE, "up", "-d", "--no-recreate", "--scale", f"worker={count}"])
+
+
+def main() -> int:
+    started = time.monotonic()
+    daemon = start_engine()
+    try:
+        run([sys.executable, str(ROOT / "scripts" / "images.py")], capture=False)
+        say(f"images built ({time.monotonic() - started:.0f} s); project {PROJECT}")
+        try:
+            return scenario(started)
+        finally:
+            run([*COMPOSE, "down", "-v", "--remove-orphans"], check=False)
+            label = f"label=com.docker.compose.project={PROJECT}"
+            left = {kind: run(["docker", kind, "ls", "-q", "--filter", label], check=False).stdout.split()
+                    for kind in ("container", "network", "volume")}
+            left["container"] = run(["docker", "ps", "-aq", "--filter", label], check=False).stdout.split()
+            if any(left.values()):
+                raise SystemExit(f"compose-test: left behind after down -v: {left}")
+            say("down -v: no containers, networks or volumes of the project left")
+    finally:
+        if daemon is not None:
+            daemon.terminate()
+            daemon.wait(30)
+            say("stopped the dockerd it started")
+
+
+def scenario(started: float) -> int:
+    for port in (9090,):  # published on fixed host ports by docker-compose.yml
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                raise SystemExit(f"compose-test: port {port} on this host is in use; docker-compose.yml publishes "
+                                 "Prometheus there")
+    run([*COMPOSE, "up", "-d", "--scale", "worker=3"])
+    first = wait_for("3 ready workers agreeing on /cluster/", lambda: consistent_cluster(3), 180)
+    say(f"3 workers up, generation {first['generation']} ({time.monotonic() - started:.0f} s)")
+    load = subprocess.Popen([*COMPOSE, "run", "--rm", "-T", "worker", "produce", "--rate", str(RATE), "--duration",
+                             str(DURATION_S), "--cards", str(CARDS), "--seed", "17"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(15)
+    victim = next(iter(workers()))
+    say(f"docker kill {victim[:12]} (under load)")
+    run(["docker", "kill", victim])
+    wait_for("2 workers agreeing after the kill", lambda: consistent_cluster(2), 120)
+    scale(2)
+    wait_for("2 workers agreeing at scale 2", lambda: consistent_cluster(2), 120)
+    time.sleep(5)
+    scale(4)
+    view = wait_for("4 workers agreeing at scale 4", lambda: consistent_cluster(4), 180)
+    say(f"4 workers, generation {view['generation']}")
+    output, _ = load.communicate(timeout=DURATION_S + 120)
+    if load.returncode != 0:
+        raise SystemExit(f"compose-test: the load generator failed:\n{output}")
+    say("load: " + output.strip().splitlines()[-1])
+    with open(ROOT / "scripts" / "compose_check.py") as script:
+        check = run([*COMPOSE, "run", "--rm", "-T", "--entrypoint", "python", "worker", "-"], stdin=script,
+                    check=False)
+    lines = [line for line in check.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"compose-test: the check printed nothing:\n{check.stdout}\n{check.stderr}")
+    summary = json.loads(lines[-1])
+    say(f"outputs: {summary}")
+    if check.returncode != 0 or summary["unanswered"] or summary["inputs"] != RATE * DURATION_S:
+        raise SystemExit(f"compose-test: not every input was answered: {summary}")
+    ports = workers()
+    for card in summary["cards"]:
+        views = [get(port, f"/features/{card}/") for port in ports.values()]
+        answers = {json.dumps({k: v for k, v in view.items() if k != "served_by"}, sort_keys=True) for view in views}
+        if len(answers) != 1:
+            raise SystemExit(f"compose-test: /features/{card}/ differs between workers: {views}")
+    say(f"/features/<card>/ the same from all {len(ports)} workers for {', '.join(summary['cards'])}")
+
+    def scraped() -> bool:
+        result = get(9090, "/api/v1/query?query=up%7Bjob%3D%22seam%22%7D")["data"]["result"]
+        return len(result) == len(ports) and all(r["value"][1] == "1" for r in result)
+
+    wait_for(f"Prometheus scraping all {len(ports)} workers", scraped, 60)
+    say(f"Prometheus scrapes all {len(ports)} workers; passed in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
