@@ -135,6 +135,27 @@ def consistent_cluster(expected: int) -> dict[str, Any] | None:
 def scale(count: int) -> None:
     say(f"scaling the worker service to {count}")
     run([*COMPOSE, "up", "-d", "--no-recreate", "--scale", f"worker={count}"])
+    states = run(["docker", "ps", "-a", "--format", "{{.Names}} {{.State}}", "--filter",
+                  f"label=com.docker.compose.project={PROJECT}", "--filter", "label=com.docker.compose.service=worker",
+                  "--filter", "label=com.docker.compose.oneoff=False"]).stdout.split("\n")
+    say("worker containers: " + ", ".join(sorted(line for line in states if line)))
+
+
+def handled() -> float:
+    """Input records the running workers have handled (their seam_events_in counters, summed)."""
+    total = 0.0
+    for port in workers().values():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:  # noqa: S310
+            for line in response.read().decode().splitlines():
+                if line.startswith("seam_events_in_total "):
+                    total += float(line.split()[1])
+    return total
+
+
+def load_flows(records: int) -> None:
+    """Wait until the running workers have handled ``records`` more input records than now."""
+    start = handled()
+    wait_for(f"{records} more records handled", lambda: handled() >= start + records, 120)
 
 
 def main() -> int:
@@ -173,14 +194,14 @@ def scenario(started: float) -> int:
     load = subprocess.Popen([*COMPOSE, "run", "--rm", "-T", "worker", "produce", "--rate", str(RATE), "--duration",
                              str(DURATION_S), "--cards", str(CARDS), "--seed", "17"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(15)
+    load_flows(RATE * 10)
     victim = next(iter(workers()))
     say(f"docker kill {victim[:12]} (under load)")
     run(["docker", "kill", victim])
     wait_for("2 workers agreeing after the kill", lambda: consistent_cluster(2), 120)
     scale(2)
     wait_for("2 workers agreeing at scale 2", lambda: consistent_cluster(2), 120)
-    time.sleep(5)
+    load_flows(RATE * 5)
     scale(4)
     view = wait_for("4 workers agreeing at scale 4", lambda: consistent_cluster(4), 180)
     say(f"4 workers, generation {view['generation']}")
