@@ -52,7 +52,6 @@ class RecordFormat:
 
 def json_format(max_record_bytes: int = MAX_RECORD_BYTES) -> RecordFormat:
     """JSON objects in, JSON predictions and shadow scores out (the feature log in seam's binary layout)."""
-
     return RecordFormat("json", codec.JsonInput(max_record_bytes).decode, codec.prediction, codec.feature_record,
                         codec.shadow_score)
 
