@@ -174,7 +174,7 @@ def declares_contract(schema: Any) -> bool:
 
 
 class SchemaCache:
-    """Writer schemas by registry id (parsed for fastavro), fetched once; refusals remembered for a while."""
+    """Writer schemas fetched once (parsed for fastavro, by their wire-format header); refusals by id, for a while."""
 
     UNKNOWN_RECHECK_S = 60.0  # an id the registry did not have is asked for again after this
     RETRY_AFTER_S = 5.0  # after the registry did not answer, ids it was asked for are refused this long
@@ -188,15 +188,17 @@ class SchemaCache:
         self._clock = clock
         self._sleep = sleep
         self._on_lookup = on_lookup
-        self.entries: dict[int, WriterSchema | _Refused] = {}
         # The wire-format header (magic byte and id) of every schema found -> the schema: what decoding reads.
         self.by_header: dict[bytes, WriterSchema] = {}
+        self.refused: dict[int, _Refused] = {}  # ids whose records are refused for now
         self._lookups: dict[int, asyncio.Future[None]] = {}
 
     def needs(self, schema_id: int) -> bool:
         """Whether ``schema_id`` must be looked up before its records can be decoded."""
-        entry = self.entries.get(schema_id)
-        return entry is None or (isinstance(entry, _Refused) and entry.until <= self._clock())
+        if frame(schema_id, b"") in self.by_header:
+            return False
+        refusal = self.refused.get(schema_id)
+        return refusal is None or refusal.until <= self._clock()
 
     async def resolve(self, schema_ids: Iterable[int]) -> None:
         """Look up the ids that need it (concurrently; one request per id however many ask)."""
@@ -236,7 +238,7 @@ class SchemaCache:
                        "to the dead-letter topic for %.0f s, then it is asked for again", schema_id, self.timeout_s,
                        error, self.RETRY_AFTER_S)
         self._count("unavailable")
-        self.entries[schema_id] = _Refused(
+        self.refused[schema_id] = _Refused(
             Invalid("registry_unavailable", f"schema id {schema_id}: the schema registry did not answer within "
                                             f"{self.timeout_s:g} s ({error})"),
             self._clock() + self.RETRY_AFTER_S)
@@ -246,7 +248,7 @@ class SchemaCache:
             logger.warning("schema id %d is not in the schema registry; its records go to the dead-letter topic",
                            schema_id)
             self._count("unknown")
-            self.entries[schema_id] = _Refused(
+            self.refused[schema_id] = _Refused(
                 Invalid("unknown_schema_id", f"schema id {schema_id} is not in the schema registry"),
                 self._clock() + self.UNKNOWN_RECHECK_S)
             return
@@ -257,11 +259,11 @@ class SchemaCache:
             parsed = writer_schema(json.loads(text))
         except Exception as exc:  # noqa: BLE001 - not JSON, not a schema fastavro can read
             self._count("unsupported")
-            self.entries[schema_id] = _Refused(
+            self.refused[schema_id] = _Refused(
                 Invalid("unsupported_schema", f"schema id {schema_id} cannot be read: {exc}"), float("inf"))
             return
         self._count("found")
-        self.entries[schema_id] = parsed
+        self.refused.pop(schema_id, None)
         self.by_header[frame(schema_id, b"")] = parsed
         logger.info("schema id %d fetched from the schema registry", schema_id)
 
@@ -282,7 +284,7 @@ class AvroInput:
         known, needs = self.cache.by_header, self.cache.needs
         headers = {value[:HEADER_BYTES] for value in values if value is not None and len(value) > HEADER_BYTES}
         missing = [schema_id for header in headers if header not in known
-                   and header[0] == MAGIC and needs(schema_id := int.from_bytes(header[1:], "big"))]
+                   and header[0] == MAGIC and needs(schema_id := _schema_id(header))]
         if missing:
             await self.cache.resolve(missing)
 
@@ -317,9 +319,9 @@ class AvroInput:
             return Invalid("not_framed", "not in the Confluent wire format (a zero byte, a 4-byte schema id, "
                                          f"then the Avro record): {len(raw)} bytes starting {raw[:HEADER_BYTES]!r}")
         schema_id = _schema_id(raw)
-        entry = self.cache.entries.get(schema_id)
-        if isinstance(entry, _Refused):
-            return entry.invalid
+        refusal = self.cache.refused.get(schema_id)
+        if refusal is not None:
+            return refusal.invalid
         return Invalid("registry_unavailable", f"schema id {schema_id} was not looked up")
 
 
