@@ -43,6 +43,7 @@ from bench.job import Expected, compare, feature_log_by_id, load_model, referenc
 from bench.kafka import (
     PARTITIONS,
     OffsetWatch,
+    OutputRecord,
     delete_topics,
     drop_backlog,
     end_offsets,
@@ -197,6 +198,19 @@ async def _metrics_page(run: Run) -> str | None:
         return await asyncio.to_thread(fetch, f"http://127.0.0.1:{run.web_port}/metrics")
     except OSError:
         return None
+
+
+async def drain(run: Run, inputs: list[tuple[bytes, bytes]], cap_s: float) -> list[OutputRecord]:
+    """Pre-load ``inputs`` into ``run``'s input topic, start its worker and wait until it has written a prediction per
+    input (or ``cap_s`` passed); return the predictions (broker timestamp, value). The worker is left running."""
+    await produce_inputs(run.bootstrap, run.topic("tx"), inputs)
+    worker = run.start()
+    async with OffsetWatch(run.bootstrap, run.topic("pred")) as watch:
+        deadline = time.monotonic() + cap_s
+        while await watch.total() < len(inputs) and time.monotonic() < deadline:
+            worker.check()
+            await asyncio.sleep(0.2)
+        return await read_range(run.bootstrap, run.topic("pred"), {}, await watch.offsets())
 
 
 def steady_rate(stamps: list[int], trim: float = 0.1) -> tuple[float, float]:

@@ -51,7 +51,7 @@ from app.loadgen import produce  # noqa: E402
 from app.localhost import free_port  # noqa: E402
 from app.synthetic import TransactionGenerator  # noqa: E402
 from app.topics import delete_topics  # noqa: E402
-from bench.harness import Run, steady_rate  # noqa: E402
+from bench.harness import Run, drain, steady_rate  # noqa: E402
 from bench.kafka import OffsetWatch, end_offsets, produce_inputs, read_range  # noqa: E402
 from tables.features import DEFAULT_SPEC  # noqa: E402
 
@@ -86,22 +86,14 @@ async def saturation(bootstrap: str, workdir: Path, inputs: list[tuple[bytes, by
     label = env["SEAM_INPUT_FORMAT"]
     await run.create_topics()
     try:
-        await produce_inputs(bootstrap, run.topic("tx"), inputs)
-        worker = run.start()
-        async with OffsetWatch(bootstrap, run.topic("pred")) as watch:
-            deadline = time.monotonic() + DRAIN_CAP_S
-            while await watch.total() < len(inputs):
-                worker.check()
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{label}: {await watch.total():,} predictions of {len(inputs):,} inputs "
-                                       f"after {DRAIN_CAP_S:.0f} s:\n{worker.log_tail(30)}")
-                await asyncio.sleep(0.2)
-            outputs = await read_range(bootstrap, run.topic("pred"), {}, await watch.offsets())
+        outputs = await drain(run, inputs, DRAIN_CAP_S)
+        assert run.worker is not None
+        if len(outputs) < len(inputs):
+            raise RuntimeError(f"{label}: {len(outputs):,} predictions of {len(inputs):,} inputs after "
+                               f"{DRAIN_CAP_S:.0f} s:\n{run.worker.log_tail(30)}")
         dead = sum((await end_offsets(bootstrap, run.topic("dlq"))).values())
         if dead:
-            raise RuntimeError(f"{label}: {dead:,} inputs went to the dead-letter topic:\n{worker.log_tail(30)}")
-        if len(outputs) < len(inputs):
-            raise RuntimeError(f"{label}: read {len(outputs):,} predictions of {len(inputs):,} inputs")
+            raise RuntimeError(f"{label}: {dead:,} inputs went to the dead-letter topic:\n{run.worker.log_tail(30)}")
         wrong = sum(1 for _, value in outputs if value[:1] != magic)
         if wrong:
             raise RuntimeError(f"{label}: {wrong:,} predictions do not start with {magic!r} (not {label})")
@@ -119,7 +111,9 @@ def _reader(name: str) -> Callable[[bytes], str]:
     def event_id(value: bytes) -> str:
         if value[:1] == b"{":
             return str(orjson.loads(value)["id"])
-        return str(schemaless_reader(io.BytesIO(value[5:]), schema, None)["id"])  # type: ignore[index]
+        datum = schemaless_reader(io.BytesIO(value[5:]), schema, None)
+        assert isinstance(datum, dict)
+        return str(datum["id"])
 
     return event_id
 

@@ -40,7 +40,7 @@ from agents.deployment import ModelRef, deploy, initial, set_shadow  # noqa: E40
 from app.loadgen import produce  # noqa: E402
 from app.synthetic import TransactionGenerator  # noqa: E402
 from app.topics import delete_topics, ensure_topics  # noqa: E402
-from bench.harness import Run, steady_rate  # noqa: E402
+from bench.harness import Run, drain, steady_rate  # noqa: E402
 from bench.kafka import OffsetWatch, end_offsets, produce_inputs, read_range  # noqa: E402
 
 DEFAULT_MODEL = ROOT / "models" / "fraud-mlp.onnx"
@@ -65,14 +65,7 @@ async def saturation(bootstrap: str, workdir: Path, inputs: list[tuple[bytes, by
             topic = run.seam_env["SEAM_MODEL_CONTROL_TOPIC"]
             await ensure_topics(bootstrap, [], 1, compacted=[topic])
             await control.write(bootstrap, topic, set_shadow(initial(ModelRef.of(DEFAULT_MODEL)), ModelRef.of(shadow)))
-        await produce_inputs(bootstrap, run.topic("tx"), inputs)
-        worker = run.start()
-        async with OffsetWatch(bootstrap, run.topic("pred")) as watch:
-            deadline = time.monotonic() + 180
-            while await watch.total() < len(inputs) and time.monotonic() < deadline:
-                worker.check()
-                await asyncio.sleep(0.2)
-            outputs = await read_range(bootstrap, run.topic("pred"), {}, await watch.offsets())
+        outputs = await drain(run, inputs, 180)
         if shadow is not None:
             shadowed = sum((await end_offsets(bootstrap, run.topic("shadow"))).values())
             print(f"  shadow scores: {shadowed:,} of {len(inputs):,} rows", flush=True)
