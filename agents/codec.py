@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import struct
@@ -278,9 +279,7 @@ def late_record(
         "topic": topic,
         "partition": partition,
         "offset": offset,
-        "event": orjson.Fragment(raw) if raw_is_json else {
-            "id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "amount": tx.amount, "merchant_id": tx.merchant_id,
-            "country": tx.country},
+        "event": orjson.Fragment(raw) if raw_is_json else dataclasses.asdict(tx),
         "routed_at": routed_at_ms,
     }
     if not raw_is_json:

@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -101,9 +100,14 @@ def logs() -> str:
     return run([*COMPOSE, "logs", "--tail", "20"], check=False).stdout[-6000:]
 
 
-def get(port: int, path: str) -> Any:
+def read(port: int, path: str) -> bytes:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:  # noqa: S310 - loopback
-        return json.loads(response.read())
+        body: bytes = response.read()
+        return body
+
+
+def get(port: int, path: str) -> Any:
+    return json.loads(read(port, path))
 
 
 def workers() -> dict[str, int]:
@@ -145,10 +149,9 @@ def handled() -> float:
     """Input records the running workers have handled (their seam_events_in counters, summed)."""
     total = 0.0
     for port in workers().values():
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:  # noqa: S310
-            for line in response.read().decode().splitlines():
-                if line.startswith("seam_events_in_total "):
-                    total += float(line.split()[1])
+        for line in read(port, "/metrics").decode().splitlines():
+            if line.startswith("seam_events_in_total "):
+                total += float(line.split()[1])
     return total
 
 
@@ -183,11 +186,10 @@ def main() -> int:
 
 
 def scenario(started: float) -> int:
-    for port in (9090,):  # published on fixed host ports by docker-compose.yml
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                raise SystemExit(f"compose-test: port {port} on this host is in use; docker-compose.yml publishes "
-                                 "Prometheus there")
+    with socket.socket() as sock:  # docker-compose.yml publishes Prometheus on this host's port 9090
+        if sock.connect_ex(("127.0.0.1", 9090)) == 0:
+            raise SystemExit("compose-test: port 9090 on this host is in use; docker-compose.yml publishes "
+                             "Prometheus there")
     run([*COMPOSE, "up", "-d", "--scale", "worker=3"])
     first = wait_for("3 ready workers agreeing on /cluster/", lambda: consistent_cluster(3), 180)
     say(f"3 workers up, generation {first['generation']} ({time.monotonic() - started:.0f} s)")
