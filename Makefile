@@ -48,8 +48,8 @@ registry-down:  ## Stop the schema registry started by registry-up.
 system-tools:  ## Install Chromium, chromedriver, Prometheus, Docker, docker-compose and mmdebstrap (Debian packages) for the tests, where possible.
 	@bash scripts/system_tools.sh
 
-demo: install kafka-jars  ## Start a broker and a worker, score ~30 s of live transactions, stop both.
-	$(PY) scripts/demo.py
+demo: install kafka-jars  ## Start a broker and a worker, score ~30 s of live transactions, stop both (DEMO_ARGS="--duration 5").
+	$(PY) scripts/demo.py $(DEMO_ARGS)
 
 test: install kafka-jars registry system-tools  ## Run unit and integration tests (starts and stops its own broker and registry), then compose-test.
 	$(PY) -m pytest
@@ -67,9 +67,10 @@ unit: install  ## Run the unit tests only (no broker).
 integration: install kafka-jars registry system-tools  ## Run the integration tests only.
 	$(PY) -m pytest tests/integration
 
-lint: install  ## ruff and mypy.
+lint: install  ## ruff, mypy, and the docs' relative links and #anchors (lychee, offline).
 	$(PY) -m ruff check app agents tables bench scripts tests
 	$(PY) -m mypy app agents tables bench
+	$(VENV)/bin/lychee --offline --include-fragments --no-progress README.md docs/*.md
 
 model: install  ## Retrain models/fraud-mlp.onnx (deterministic).
 	$(PY) scripts/train_model.py

@@ -147,6 +147,12 @@ class ModelSet:
     def serving(self) -> Iterator[Served]:
         return (s for s in (self.primary, self.canary, self.shadow) if s is not None)
 
+    @property
+    def running(self) -> bool:
+        """Whether a primary serves and every model served has its boundary dispatching batches."""
+        return self.primary is not None and all(
+            s.task is not None and not s.task.done() for s in self.serving())
+
     # Deployments.
 
     async def start(self, deployment: Deployment, fallback: Deployment | None = None) -> None:

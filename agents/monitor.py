@@ -25,7 +25,41 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["InputPartition", "Lag", "Restore", "Snapshot", "StatePartition", "WorkerCollector", "lag"]
+__all__ = ["InputPartition", "Lag", "Readiness", "Restore", "Snapshot", "StatePartition", "WorkerCollector", "lag",
+           "readiness"]
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Whether a worker serves (``GET /ready/``), and what it waits for when it does not.
+
+    ``waiting_for`` names what is missing: ``group`` (no assignment received yet), ``model`` (models not
+    loaded and warmed, or a boundary not dispatching), ``rebalance`` (the group is rebalancing),
+    ``restore`` (a partition's state is still being restored). A ready worker with no input partitions is
+    a spare: it holds nothing, so a rolling restart may proceed through it.
+    """
+
+    input_partitions: tuple[int, ...]
+    waiting_for: tuple[str, ...]
+
+    @property
+    def ready(self) -> bool:
+        return not self.waiting_for
+
+    @property
+    def spare(self) -> bool:
+        return self.ready and not self.input_partitions
+
+    def as_dict(self) -> dict[str, object]:
+        return {"ready": self.ready, "input_partitions": list(self.input_partitions), "spare": self.spare,
+                "waiting_for": list(self.waiting_for)}
+
+
+def readiness(*, joined: bool, models_running: bool, rebalancing: bool, restoring: bool,
+              input_partitions: Sequence[int]) -> Readiness:
+    """A worker's readiness from what it knows now."""
+    missing = {"group": not joined, "model": not models_running, "rebalance": rebalancing, "restore": restoring}
+    return Readiness(tuple(sorted(input_partitions)), tuple(name for name, absent in missing.items() if absent))
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,12 +36,12 @@ from agents.deployment import Deployment, DeploymentError, ModelRef, initial
 from agents.formats import RecordFormat, avro_format, json_format
 from agents.metrics import BoundaryMetrics, ModelMetrics
 from agents.models import ModelSet
-from agents.monitor import InputPartition, Restore, Snapshot, StatePartition, WorkerCollector
+from agents.monitor import InputPartition, Readiness, Restore, Snapshot, StatePartition, WorkerCollector, readiness
 from agents.outputs import OutputProducer
 from agents.pipeline import Outputs, Pipeline, ScoringItem, Send
 from agents.runtime import ModelFileError, ModelInfo, ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
-from app.faust_compat import committed_offset, restore_state, rocksdb_partitions
+from app.faust_compat import committed_offset, restore_state, restoring, rocksdb_partitions
 from app.settings import Settings
 from tables.cache import StateCache, StoreCard
 from tables.card_store import Stored, changes
@@ -128,6 +128,7 @@ class ScoringService(Service):
         self.write_behind: Callable[[], Awaitable[None]] | None = None
         self._restore_watch: asyncio.Future[None] | None = None
         self._ready = asyncio.Event()
+        self.joined_generation: int | None = None  # the group generation of the last assignment received
 
     async def _send_changelog(self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
                               ) -> list[int]:
@@ -385,9 +386,20 @@ class ScoringService(Service):
         if took is not None:
             metrics.rebalance.observe(took)
         self._revoked_at = None
+        self.joined_generation = self.app.consumer_generation_id
         inputs = sorted(tp.partition for tp in assigned if tp.topic == self.settings.input_topic)
         logger.info("rebalance: generation %s, input partitions %s%s", self.app.consumer_generation_id, inputs,
                     "" if took is None else f", {took:.2f} s after the revocation")
+
+    def readiness(self) -> Readiness:
+        """Whether this worker serves now (GET /ready/): in the group, models warmed and dispatching, no
+        rebalance or restore running."""
+        app, models = self.app, self.models
+        joined = self.joined_generation is not None
+        inputs = (sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == self.settings.input_topic)
+                  if joined else [])
+        return readiness(joined=joined, models_running=self._ready.is_set() and models is not None and models.running,
+                         rebalancing=bool(app.rebalancing), restoring=restoring(app), input_partitions=inputs)
 
     def _snapshot(self) -> Snapshot | None:
         """Lag, state size and restore progress as they are now (read by /metrics, see agents.monitor)."""

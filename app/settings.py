@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Settings", "SettingsError"]
+from models import EXAMPLE_MODEL
 
-ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["Settings", "SettingsError"]
 
 
 class SettingsError(ValueError):
@@ -64,7 +64,8 @@ class Settings:
     # exactly_once: outputs, state changes and offsets commit in Kafka transactions (read_committed).
     processing_guarantee: str = "at_least_once"
     # Worker.
-    data_dir: Path = field(default=ROOT / ".data")
+    # State lives in the worker's working directory unless told otherwise, never inside the installed package.
+    data_dir: Path = field(default_factory=lambda: Path.cwd() / ".data")
     web_port: int = 6066
     web_bind: str = "127.0.0.1"
     # The host name other workers use to reach this one (routed table queries); empty: this
@@ -76,7 +77,7 @@ class Settings:
     # text: Faust's log lines; json: one JSON object per line (time, level, logger, message, error).
     log_format: str = "text"
     # Model boundary.
-    model_path: Path = field(default=ROOT / "models" / "fraud-mlp.onnx")
+    model_path: Path = EXAMPLE_MODEL
     device: str = "auto"
     max_batch_size: int = 256
     max_wait_ms: float = 5.0

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from agents.runtime import runtime_package
 from agents.score import ScoringService
 from app.cluster import describe_cluster, local_view
-from app.faust_compat import group_distribution, restoring
+from app.faust_compat import group_distribution
 from app.settings import Settings
 from tables.features import DEFAULT_SPEC, latest_features
 from tables.state import StateTables
@@ -73,13 +73,12 @@ def register(app: faust.App, settings: Settings, scoring: ScoringService, tables
 
     @app.page("/ready/")
     class ReadyView(View):
-        """200 once this worker has partitions, has restored their state and has its model loaded."""
+        """200 while this worker serves: in the group, its models loaded, warmed and dispatching, no rebalance
+        or restore running (a spare with no partitions included); else 503 with what it waits for."""
 
         async def get(self, request: Request) -> Response:
-            assignment = app.consumer.assignment() if scoring.pipeline is not None else set()
-            inputs = sorted(tp.partition for tp in assignment if tp.topic == settings.input_topic)
-            ready = bool(inputs) and not app.rebalancing and not restoring(app)
-            return self.json({"ready": ready, "input_partitions": inputs}, status=200 if ready else 503)
+            state = scoring.readiness()
+            return self.json(state.as_dict(), status=200 if state.ready else 503)
 
 
     @app.page("/batcher/")

@@ -38,32 +38,65 @@ console = Console()
 
 
 class Tally:
-    """What came back from the worker, for the live line and the summary."""
+    """What came back from the worker, for the live line and the summary.
+
+    Every transaction must end in exactly one outcome: a prediction, a late record or a dead letter. An id
+    with a second outcome (of any kind) is a repeat; an output the demo cannot tie to a transaction it sent is
+    unmatched. Either fails the run, as does a transaction with no outcome.
+    """
 
     def __init__(self) -> None:
         self.sent_ms: dict[str, int] = {}
         self.burst_ids: set[str] = set()
         self.caught = 0
+        self.outcome: dict[str, str] = {}  # id -> "prediction", "late" or "dead letter"
         self.scored: dict[str, int] = {}
-        self.duplicates = 0
+        self.repeats = 0
+        self.unmatched = 0
         self.fraud = 0
         self.late = 0
         self.dead = 0
         self.latency_ms: list[float] = []
         self.batch_sizes: list[int] = []
 
+    def _first(self, tx_id: object, kind: str) -> bool:
+        """Record ``kind`` as ``tx_id``'s outcome; False (and counted) if it is not ours or already has one."""
+        if not isinstance(tx_id, str) or tx_id not in self.sent_ms:
+            self.unmatched += 1
+            return False
+        if tx_id in self.outcome:
+            self.repeats += 1
+            return False
+        self.outcome[tx_id] = kind
+        return True
+
     def on_prediction(self, record: dict[str, Any], kafka_ts: int) -> None:
         tx_id = record["id"]
-        if tx_id not in self.sent_ms:
-            return  # not from this run
-        if tx_id in self.scored:
-            self.duplicates += 1
+        if not self._first(tx_id, "prediction"):
             return
         self.scored[tx_id] = kafka_ts
         self.fraud += record["is_fraud"]
         self.caught += record["is_fraud"] and tx_id in self.burst_ids
         self.latency_ms.append(kafka_ts - self.sent_ms[tx_id])
         self.batch_sizes.append(record["timing"]["batch_size"])
+
+    def on_late(self, record: dict[str, Any]) -> None:
+        self.late += self._first(record.get("event", {}).get("id"), "late")
+
+    def on_dead_letter(self, record: dict[str, Any]) -> None:
+        """A dead letter names its transaction by the id inside the original value, when that is readable."""
+        try:
+            tx_id = orjson.loads(record["value"]).get("id") if not record.get("value_base64") else None
+        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+            tx_id = None
+        self.dead += self._first(tx_id, "dead letter")
+
+    @property
+    def answered(self) -> int:
+        return len(self.outcome)
+
+    def missing(self) -> int:
+        return len(self.sent_ms) - len(self.outcome)
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.latency_ms, q)) if self.latency_ms else float("nan")
@@ -91,36 +124,43 @@ async def consume(settings: Settings, tally: Tally, ready: asyncio.Event, stop: 
                     if tp.topic == settings.predictions_topic:
                         tally.on_prediction(value, record.timestamp)
                     elif tp.topic == settings.late_topic:
-                        tally.late += value["event"]["id"] in tally.sent_ms
+                        tally.on_late(value)
                     else:
-                        tally.dead += 1
+                        tally.on_dead_letter(value)
     finally:
         await consumer.stop()
+
+
+class DemoFailed(Exception):
+    """The demo cannot go on; the message says why and where the worker's log is."""
 
 
 async def get_json(url: str) -> dict[str, Any] | None:
     try:
         async with aiohttp.ClientSession() as session, session.get(url, timeout=aiohttp.ClientTimeout(2)) as r:
             return await r.json() if r.status == 200 else None
-    except (aiohttp.ClientError, TimeoutError):
+    except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
 
 
-async def wait_ready(url: str, worker: Subprocess, timeout_s: float = 90) -> dict[str, Any]:
+async def wait_for(url: str, worker: Subprocess, what: str, timeout_s: float = 120) -> dict[str, Any]:
+    """The JSON of ``url`` once it answers 200; fails with the worker's log path if it exits or never does."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not worker.running():
-            raise SystemExit(f"demo: the worker exited with {worker.proc.returncode}; see {worker.log_path}")
-        model = await get_json(url)
-        if model is not None:
-            return model
-        await asyncio.sleep(0.5)
-    raise SystemExit(f"demo: the worker did not become ready in {timeout_s:.0f}s; see {worker.log_path}")
+            raise DemoFailed(f"the worker exited with {worker.proc.returncode}; see {worker.log_path}")
+        body = await get_json(url)
+        if body is not None:
+            return body
+        await asyncio.sleep(0.25)
+    raise DemoFailed(f"the worker was not {what} after {timeout_s:.0f} s ({url}); see {worker.log_path}")
 
 
 async def run(args: argparse.Namespace, settings: Settings, web: str, worker: Subprocess) -> int:
-    await wait_ready(f"{web}/ready/", worker)  # partitions assigned, state restored
-    model = await get_json(f"{web}/model/") or {}
+    await wait_for(f"{web}/ready/", worker, "ready")  # in the group, model warmed, state restored
+    model = await wait_for(f"{web}/model/", worker, "serving its model")
+    if "model" not in model or "provider" not in model:
+        raise DemoFailed(f"{web}/model/ answered {model}; see {worker.log_path}")
     console.print(f"worker ready: model {model['model']} on {model['provider']}, web {web}/model/")
     tally, ready, stop = Tally(), asyncio.Event(), asyncio.Event()
     consumer = asyncio.create_task(consume(settings, tally, ready, stop))
@@ -140,15 +180,15 @@ async def run(args: argparse.Namespace, settings: Settings, web: str, worker: Su
         while not producing.done():
             if not worker.running():
                 producing.cancel()
-                raise SystemExit(f"demo: the worker exited with {worker.proc.returncode}; see {worker.log_path}")
+                raise DemoFailed(f"the worker exited with {worker.proc.returncode}; see {worker.log_path}")
             live.update(tally.line(progress["sent"], total))
             await asyncio.sleep(0.25)
         report = producing.result()
         deadline = time.monotonic() + 60
-        while len(tally.scored) + tally.late + tally.dead < report.sent and time.monotonic() < deadline:
+        while tally.answered < report.sent and time.monotonic() < deadline and worker.running():
             live.update(tally.line(report.sent, total))
             await asyncio.sleep(0.25)
-        await asyncio.sleep(1.0)  # let duplicates, if any, show up
+        await asyncio.sleep(1.0)  # let repeats, if any, show up
         live.update(tally.line(report.sent, total))
     stats = (await get_json(f"{web}/model/") or {}).get("stats", {})
     try:
@@ -157,7 +197,10 @@ async def run(args: argparse.Namespace, settings: Settings, web: str, worker: Su
         worker_metrics = {}
     stop.set()
     await consumer
-    return summary(report.sent, tally, args, stats, model, web, worker_metrics)
+    code = summary(report.sent, tally, args, stats, model, web, worker_metrics)
+    if code:
+        console.print(f"see the worker's log: {worker.log_path}")
+    return code
 
 
 class _Recording:
@@ -200,14 +243,15 @@ def worker_view(metrics: dict[Any, Histogram]) -> list[tuple[str, str]]:
 
 def summary(sent: int, tally: Tally, args: argparse.Namespace, stats: dict[str, Any], model: dict[str, Any],
             web: str, worker_metrics: dict[Any, Histogram] | None = None) -> int:
-    """Print the run's numbers; return 0 when every transaction is accounted for exactly once."""
+    """Print the run's numbers; return 0 when every transaction got exactly one outcome."""
     scored = len(tally.scored)
+    missing = sent - tally.answered
     latency = (f"p50 {tally.percentile(50):.1f} ms  p95 {tally.percentile(95):.1f} ms  "
                f"p99 {tally.percentile(99):.1f} ms  max {max(tally.latency_ms or [0]):.0f} ms")
     rows = [
         ("produced", f"{sent} transactions, open loop at {args.rate:.0f}/s for {args.duration:.0f} s"),
-        ("scored", f"{scored} (one prediction per id; duplicates {tally.duplicates})"),
-        ("late / dead letters", f"{tally.late} / {tally.dead}"),
+        ("outcomes", f"{scored} predictions, {tally.late} late, {tally.dead} dead letters; {missing} without "
+                     f"an outcome, {tally.repeats} repeated, {tally.unmatched} not from this run's transactions"),
         ("fraud flagged", f"{tally.fraud} ({100 * tally.fraud / max(1, scored):.1f} %); the generator put "
                           f"{len(tally.burst_ids)} in fraud bursts, {tally.caught} of them flagged"),
         ("end-to-end latency", latency),
@@ -221,9 +265,9 @@ def summary(sent: int, tally: Tally, args: argparse.Namespace, stats: dict[str, 
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
-    ok = scored + tally.late + tally.dead == sent and tally.duplicates == 0
-    console.print("[green]every transaction accounted for[/green]" if ok
-                  else "[red]some transactions were not accounted for[/red]")
+    ok = missing == 0 and tally.repeats == 0 and tally.unmatched == 0 and tally.answered == len(tally.sent_ms) == sent
+    console.print("[green]every transaction got exactly one outcome[/green]" if ok
+                  else "[red]not every transaction got exactly one outcome[/red]")
     return 0 if ok else 1
 
 
@@ -270,6 +314,9 @@ def demo(args: argparse.Namespace, bootstrap: str, *, own_broker: bool) -> int:
         console.print(f"worker started (pid {worker.pid}, log {log})")
         code = asyncio.run(run(args, settings, web, worker))
         return code
+    except DemoFailed as exc:
+        console.print(f"[red]demo failed:[/red] {exc}")
+        return 1
     except KeyboardInterrupt:
         return 130
     finally:

@@ -1,10 +1,18 @@
-"""A write-back cache of card states and partition watermarks, flushed before each offset commit.
+"""A write-back cache of card states and partition watermarks, flushed behind and before each offset commit.
 
 Writing a card's state to the table on every event costs a RocksDB put and a changelog record each
-time. The cache keeps the states this worker is updating in memory and writes each changed card (and
-each changed watermark) once per flush; the worker flushes right before it commits offsets, so at
-most one changelog record per card per commit interval is produced, and Faust flushes the producer
-before the offsets go out.
+time. The cache keeps the states this worker is updating in memory, and a flush writes each changed
+card once, however many of its events arrived since the last flush (its header, plus any chunk the
+flush seals, rewrites or deletes: :mod:`tables.card_store`), and each changed watermark once. The
+caller decides when a flush runs (:mod:`agents.checkpoint`, :mod:`agents.score`):
+
+* batch ingestion, at least once: behind, every ``SEAM_STATE_WRITE_INTERVAL_S`` (0.25 s) while some
+  card has changed and no rebalance runs, and once more right before every offset commit for the
+  rest. A card that keeps changing is so written about once per write interval (four times a second
+  by default), not once per commit interval. A flush's changelog records are acknowledged before
+  the offsets of the records whose changes they hold are committed;
+* batch ingestion, exactly once: at each commit, staged in that commit's transactions;
+* stream ingestion: after every record, written through Faust's tables.
 
 Ordering guarantee: a record whose state change is only in the cache must not have its offset
 committed. Every change is stamped with the cache's current ``epoch``; the pipeline asks

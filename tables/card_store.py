@@ -28,6 +28,12 @@ rewritten before a lost header may hold an event the header's counter does not c
 read as at least the highest arrival number held. Everything is JSON (orjson). Values written by an
 earlier seam (the whole state under the card id, or per-minute buckets) are read as before and
 rewritten in this layout at the card's next flush.
+
+Keys: a card's header is under its id's UTF-8 bytes, and its chunks (and the earlier per-minute
+buckets) under those bytes, a NUL byte and a suffix (``chunk_key``). The layout assumes that no card
+id contains a NUL character. Input validation does not enforce that yet (it checks only an id's
+length, 1-128 characters): a card id containing NUL could collide with another card's chunk keys
+(card ``"a\\x00c0"``'s header key is card ``"a"``'s chunk 0).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ __all__ = ["CHUNK_EVENTS", "Stored", "chunk_key", "changes", "decode", "events_h
 
 CHUNK_EVENTS = 32
 _COLUMNS = ("ts", "amt", "mer", "id", "seq")
-_SEPARATOR = b"\x00"  # card ids are validated text: no NUL
+_SEPARATOR = b"\x00"  # assumes card ids without NUL, which input validation does not check yet (see above)
 _V2_BUCKET_MS = 60_000  # the per-minute buckets of the previous layout
 
 Write = tuple[bytes, bytes | None]  # (key, value); None deletes the key

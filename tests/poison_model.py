@@ -15,13 +15,19 @@ ROOT = Path(__file__).resolve().parent.parent
 POISON_AMOUNT = 9_999_999.0
 
 
+def _committed_model_with_raw_score() -> tuple[onnx.ModelProto, onnx.ValueInfoProto]:
+    """The committed model with its score renamed ``raw_score``, and its output, for a wrapper to write."""
+    model = onnx.load(ROOT / "models" / "fraud-mlp.onnx")
+    (output,) = model.graph.output
+    for node in model.graph.node:
+        node.output[:] = ["raw_score" if o == output.name else o for o in node.output]
+    return model, output
+
+
 def write_poison_model(path: Path) -> Path:
     """Write the wrapped model to ``path``."""
-    model = onnx.load(ROOT / "models" / "fraud-mlp.onnx")
+    model, output = _committed_model_with_raw_score()
     graph = model.graph
-    (output,) = graph.output
-    for node in graph.node:
-        node.output[:] = ["raw_score" if o == output.name else o for o in node.output]
     column = DEFAULT_SPEC.names.index("amount_max_60")
     graph.initializer.extend([
         numpy_helper.from_array(np.array(column, dtype=np.int64), "poison_column"),
@@ -54,4 +60,35 @@ def write_reordered_model(source: Path, path: Path, version: str = "9") -> Path:
         if prop.key == "model_version":
             prop.value = version
     onnx.save(model, str(path))
+    return path
+
+
+def write_slow_model(path: Path, matmuls: int = 40, size: int = 768) -> Path:
+    """Write the committed model plus ``matmuls`` products of a ``size`` x ``size`` matrix made from the input (so
+    ONNX Runtime cannot fold them away), added to the score times zero: the same scores, but every call (each
+    warm-up call included) costs ``matmuls`` dense products, so the model takes seconds to load and warm."""
+    model, output = _committed_model_with_raw_score()
+    graph = model.graph
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array([size, size], dtype=np.int64), "slow_shape"),
+        numpy_helper.from_array(np.array(0.0, dtype=np.float32), "slow_zero"),
+        numpy_helper.from_array(np.array(1.0 / size, dtype=np.float32), "slow_scale"),
+    ])
+    # J / size, where J is all ones: (J / size) @ (J / size) = J / size, so the chain stays finite.
+    nodes = [
+        helper.make_node("ReduceSum", ["features"], ["slow_sum"], keepdims=0),
+        helper.make_node("Mul", ["slow_sum", "slow_zero"], ["slow_nothing"]),
+        helper.make_node("Add", ["slow_nothing", "slow_scale"], ["slow_cell"]),
+        helper.make_node("Expand", ["slow_cell", "slow_shape"], ["slow_0"]),
+    ]
+    for i in range(matmuls):
+        nodes.append(helper.make_node("MatMul", [f"slow_{i}", f"slow_{i}"], [f"slow_{i + 1}"]))
+    nodes += [
+        helper.make_node("ReduceMean", [f"slow_{matmuls}"], ["slow_mean"], keepdims=0),
+        helper.make_node("Mul", ["slow_mean", "slow_zero"], ["slow_offset"]),
+        helper.make_node("Add", ["raw_score", "slow_offset"], [output.name]),
+    ]
+    graph.node.extend(nodes)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
     return path

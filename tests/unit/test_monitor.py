@@ -6,7 +6,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agents.metrics import BoundaryMetrics
-from agents.monitor import InputPartition, Lag, Restore, Snapshot, StatePartition, WorkerCollector, lag
+from agents.monitor import InputPartition, Lag, Restore, Snapshot, StatePartition, WorkerCollector, lag, readiness
 
 
 def test_lag_counts_from_the_committed_and_the_handled_offsets() -> None:
@@ -114,3 +114,22 @@ def test_deadline_misses_are_one_warning_per_interval() -> None:
                        "(2 already late at the boundary, 2 lost there); they were scored")
     now[0] = 21.0
     assert log.record(500, misses=0, arrived_late=0) is None  # a quiet interval says nothing
+
+
+def test_readiness_names_what_it_waits_for() -> None:
+    starting = readiness(joined=False, models_running=False, rebalancing=False, restoring=False, input_partitions=[])
+    assert not starting.ready and starting.waiting_for == ("group", "model")
+    loading = readiness(joined=True, models_running=False, rebalancing=False, restoring=False, input_partitions=[2])
+    assert loading.as_dict() == {"ready": False, "input_partitions": [2], "spare": False, "waiting_for": ["model"]}
+    restoring = readiness(joined=True, models_running=True, rebalancing=True, restoring=True, input_partitions=[1])
+    assert restoring.waiting_for == ("rebalance", "restore")
+    serving = readiness(joined=True, models_running=True, rebalancing=False, restoring=False,
+                        input_partitions=[3, 0])
+    assert serving.as_dict() == {"ready": True, "input_partitions": [0, 3], "spare": False, "waiting_for": []}
+
+
+def test_a_ready_worker_without_partitions_is_a_spare() -> None:
+    spare = readiness(joined=True, models_running=True, rebalancing=False, restoring=False, input_partitions=[])
+    assert spare.ready and spare.spare
+    not_yet = readiness(joined=False, models_running=True, rebalancing=False, restoring=False, input_partitions=[])
+    assert not not_yet.ready and not not_yet.spare
