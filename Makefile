@@ -58,7 +58,7 @@ test: install kafka-jars registry system-tools  ## Run unit and integration test
 images: install kafka-jars  ## Build the container images here (a Debian base, a wheelhouse; see docker-compose.local.yml).
 	$(PY) scripts/images.py
 
-compose-test: install kafka-jars  ## Kafka and 3 workers in docker compose: kill one, scale to 2 and 4, every input answered (skips without Docker).
+compose-test: install kafka-jars  ## Kafka and 3 workers in docker compose: kill one, scale to 2 and 4, every input answered (skips without Docker; fails instead when CI is set).
 	$(PY) scripts/compose_test.py
 
 unit: install  ## Run the unit tests only (no broker).

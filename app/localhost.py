@@ -10,7 +10,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["Subprocess", "free_port", "worker_argv", "worker_env"]
+__all__ = ["Subprocess", "free_port", "in_ci", "worker_argv", "worker_env"]
+
+
+def in_ci() -> bool:
+    """True under CI (``CI`` set to anything but empty, ``0`` or ``false``), where ``make system-tools`` can install
+    the programs the tests drive: a check that cannot run for want of one then fails instead of skipping."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
 
 
 def free_port() -> int:

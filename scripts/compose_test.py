@@ -5,7 +5,8 @@ worker killed, the service scaled down and up, every input answered.
     python scripts/compose_test.py      # make compose-test (make test runs it)
 
 1. A Docker engine: the running one, or ``dockerd`` started here (and stopped at the end) when it is installed
-   and this user may. Without one (or without docker-compose and mmdebstrap) it says why and skips (exit 0).
+   and this user may. Without one (or without docker-compose and mmdebstrap) it says why and skips (exit 0);
+   in CI (``CI`` set, and not ``0`` or ``false``), where ``make system-tools`` can install them, that fails (exit 1).
 2. The images, built here (``scripts/images.py``: a Debian base, a wheelhouse, ``docker-compose.local.yml``).
 3. ``docker-compose -f docker-compose.yml -f docker-compose.local.yml up -d --scale worker=3`` under a project
    name of its own; synthetic load from a container on the project's network (``run worker produce``);
@@ -29,7 +30,9 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from app.localhost import in_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = f"seamct{uuid.uuid4().hex[:6]}"
@@ -50,35 +53,41 @@ def run(cmd: list[str], *, check: bool = True, capture: bool = True, **kwargs: A
     return result
 
 
+def cannot_run(reason: str) -> NoReturn:
+    """Stop without running the scenario: a skip (exit 0) for a user without Docker, a failure (exit 1) in CI."""
+    if in_ci():
+        say(f"failed: {reason}; CI is set (CI={os.environ['CI']!r}), where `make system-tools` installs the tools, "
+            "so the compose test fails instead of skipping")
+        sys.exit(1)
+    say(f"skipped: {reason}")
+    sys.exit(0)
+
+
 def engine_up() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
 
 
 def start_engine() -> subprocess.Popen[bytes] | None:
-    """Start dockerd when it is installed and not running; None if one already runs. Exits 0 (a skip) without one."""
+    """Start dockerd when it is installed and not running; None if one already runs. ``cannot_run`` without one."""
     for tool, package in (("docker", "docker.io"), ("docker-compose", "docker-compose"), ("mmdebstrap", "mmdebstrap")):
         if shutil.which(tool) is None:
-            say(f"skipped: `{tool}` is not installed (Debian: apt install {package}; make system-tools does as root)")
-            sys.exit(0)
+            cannot_run(f"`{tool}` is not installed (Debian: apt install {package}; make system-tools does as root)")
     if engine_up():
         return None
     if shutil.which("dockerd") is None or os.geteuid() != 0:
-        say("skipped: no Docker engine runs and this user cannot start dockerd (it needs root)")
-        sys.exit(0)
+        cannot_run("no Docker engine runs and this user cannot start dockerd (it needs root)")
     log = open("/tmp/seam-dockerd.log", "ab")  # noqa: SIM115 - open for the daemon's lifetime
     daemon = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if daemon.poll() is not None:
-            say(f"skipped: dockerd exited with {daemon.returncode} (see /tmp/seam-dockerd.log)")
-            sys.exit(0)
+            cannot_run(f"dockerd exited with {daemon.returncode} (see /tmp/seam-dockerd.log)")
         if engine_up():
             say(f"started dockerd (pid {daemon.pid})")
             return daemon
         time.sleep(0.5)
     daemon.terminate()
-    say("skipped: dockerd did not answer within 60 s (see /tmp/seam-dockerd.log)")
-    sys.exit(0)
+    cannot_run("dockerd did not answer within 60 s (see /tmp/seam-dockerd.log)")
 
 
 def wait_for(what: str, condition: Callable[[], Any], timeout_s: float) -> Any:

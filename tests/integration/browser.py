@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pytest
+from tests.integration.kafka_helpers import program_missing
 
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 DRIVER = "chromedriver"
@@ -21,15 +21,15 @@ def _binaries() -> tuple[str, str] | None:
 
 @contextmanager
 def chromium(width: int = 1400, height: int = 1000) -> Iterator[Any]:
-    """A headless Chromium under chromedriver; skips the test (saying why) where there is none.
+    """A headless Chromium under chromedriver; where there is none the test skips, or fails in CI, saying why.
 
     ``make test`` installs Debian's ``chromium`` and ``chromium-driver`` when they are missing and it
     can (``scripts/system_tools.sh``).
     """
     found = _binaries()
     if found is None:
-        pytest.skip("no Chromium with chromedriver here (Debian: apt-get install chromium chromium-driver; "
-                    "make test installs them where it can)")
+        program_missing("no Chromium with chromedriver here (Debian: apt-get install chromium chromium-driver; "
+                        "make test installs them where it can)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

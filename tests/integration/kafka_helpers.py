@@ -1,4 +1,5 @@
-"""Helpers for tests against the real broker: a worker subprocess, producing and collecting records."""
+"""Helpers for tests against the real broker: a worker subprocess, producing and collecting records, and what a
+test does when a system program it drives is missing."""
 
 from __future__ import annotations
 
@@ -10,18 +11,27 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from agents.codec import FEATURE_RECORD_FORMAT, decode_feature_record
-from app.localhost import Subprocess, worker_argv, worker_env
+from app.localhost import Subprocess, in_ci, worker_argv, worker_env
 from app.topics import assign_all, ensure_topics
 from tables.features import DEFAULT_SPEC
 
 PASSTHROUGH = Path(__file__).resolve().parents[2] / "scripts" / "passthrough_app.py"
+
+
+def program_missing(reason: str) -> NoReturn:
+    """A program the test drives (a browser, Prometheus) is not here: fail in CI, skip elsewhere, saying why."""
+    if in_ci():
+        pytest.fail(f"{reason}; CI is set (CI={os.environ['CI']!r}), where `make system-tools` installs it, so the "
+                    "test fails instead of skipping", pytrace=False)
+    pytest.skip(reason)
 
 
 @dataclass

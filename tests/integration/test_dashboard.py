@@ -51,7 +51,6 @@ def wait_for(condition, timeout_s: float, what: str):  # type: ignore[no-untyped
 def test_dashboard_is_live_and_matches_metrics(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = Topics.unique(uuid.uuid4().hex[:10])
     prepare_topics(kafka_bootstrap, topics)
-    worker = Worker(kafka_bootstrap, topics.env(), tmp_path / "worker", free_port())
     load_error: list[BaseException] = []
 
     def load() -> None:
@@ -62,7 +61,8 @@ def test_dashboard_is_live_and_matches_metrics(kafka_bootstrap: str, tmp_path: P
         except BaseException as exc:  # noqa: BLE001 - reported by the test below
             load_error.append(exc)
 
-    with chromium() as driver:
+    with chromium() as driver:  # before the worker starts: where there is no browser, no worker is left running
+        worker = Worker(kafka_bootstrap, topics.env(), tmp_path / "worker", free_port())
         try:
             worker.wait_ready()
             asyncio.run(produce_raw(kafka_bootstrap, topics.input, [(b"card-x", b"{not json"), (b"card-y", b"[]")]))

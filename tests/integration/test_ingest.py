@@ -34,7 +34,7 @@ def seen(outputs: list[dict[str, Any]]) -> Counter[tuple[int, int]]:
     return Counter((o["p"], o["o"]) for o in outputs)
 
 
-async def wait_committed(bootstrap: str, group: str, topic: str, timeout_s: float = 30) -> dict[Any, int]:
+async def wait_committed(bootstrap: str, group: str, topic: str, timeout_s: float = 30) -> dict[str, dict[Any, int]]:
     """Wait until the group's committed offsets reach every partition's end; return them."""
     ends = await end_offsets(bootstrap, topic)
     deadline = time.monotonic() + timeout_s
@@ -95,8 +95,25 @@ def test_handler_exception_is_reported_and_its_batch_not_acknowledged(kafka_boot
     assert (0, 3000) not in seen(out[sink])
 
 
+def logged(worker: Any, text: str) -> bool:
+    return text in worker.log_path.read_text(errors="replace")
+
+
+def wait_for(what: str, condition: Any, workers: list[Any], timeout_s: float) -> None:
+    """Wait until ``condition()`` holds; fail naming ``what``, with the workers' logs, after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline or not all(w.running() for w in workers):
+            logs = "\n\n".join(w.log_tail(30) for w in workers)
+            raise AssertionError(f"{what}: not within {timeout_s:.0f} s (or a worker exited)\n{logs}")
+        time.sleep(0.2)
+
+
+ASSIGNED = "Setting newly assigned partitions"
+
+
 def test_two_workers_and_a_third_joining_lose_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
-    total, partitions = 60_000, 8
+    least, step, partitions = 60_000, 5_000, 8
     source, sink, group = names("rebalance")
     asyncio.run(ensure_topics(kafka_bootstrap, [source, sink], partitions=partitions))
 
@@ -104,21 +121,48 @@ def test_two_workers_and_a_third_joining_lose_nothing(kafka_bootstrap: str, tmp_
         return passthrough_worker(kafka_bootstrap, app_id=group, input_topic=source, output_topic=sink,
                                   data_dir=tmp_path / name)
 
+    joined = threading.Event()
+    produced = [0]  # records written so far (the thread's count)
+    failed: list[BaseException] = []
+
     def produce_in_steps() -> None:
-        for start_at in range(0, total, 5_000):
-            asyncio.run(produce_raw(kafka_bootstrap, source, records(start_at, 5_000)))
-            time.sleep(0.5)
+        # Steps of 5,000 with a pause: before the third worker joins, while it does and for two steps after it
+        # holds partitions (at least 60,000 records in all), so its rebalance happens with records in flight.
+        steps_after_join = 0
+        try:
+            while produced[0] < least or steps_after_join < 2:
+                after_join = joined.is_set()
+                asyncio.run(produce_raw(kafka_bootstrap, source, records(produced[0], step)))
+                produced[0] += step
+                steps_after_join += after_join
+                if produced[0] >= 40 * step and not joined.is_set():
+                    raise AssertionError(f"the third worker had not joined after {produced[0]} records")
+                time.sleep(0.5)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
 
     workers = [start("a"), start("b")]
     producer = threading.Thread(target=produce_in_steps)
     try:
         producer.start()
-        time.sleep(5)
+        # Consumption has started: both workers hold partitions and outputs arrive.
+        wait_for("the first two workers assigned partitions", lambda: all(logged(w, ASSIGNED) for w in workers),
+                 workers, timeout_s=90)
+        started = asyncio.run(collect(kafka_bootstrap, [sink], lambda o: len(o[sink]) > 0, timeout_s=90,
+                                      settle_s=0))
+        assert started[sink], "no output from the first two workers"
         workers.append(start("c"))  # joins mid-stream: every worker goes through a rebalance
+        wait_for("the third worker assigned partitions", lambda: bool(failed) or logged(workers[2], ASSIGNED),
+                 workers, timeout_s=120)
+        assert not failed, failed
+        joined.set()
         producer.join()
+        assert not failed, failed
+        total = produced[0]
         out = asyncio.run(collect(kafka_bootstrap, [sink], lambda o: len(seen(o[sink])) >= total, timeout_s=240))
         offsets = asyncio.run(wait_committed(kafka_bootstrap, group, source, timeout_s=60))
     finally:
+        joined.set()
         producer.join()
         codes = [w.stop() for w in workers]
     counts = seen(out[sink])
@@ -126,11 +170,12 @@ def test_two_workers_and_a_third_joining_lose_nothing(kafka_bootstrap: str, tmp_
     assert len(counts) == total, f"lost {total - len(counts)} records\n{logs}"
     assert offsets["committed"] == offsets["ends"], offsets
     assert codes == [0, 0, 0], logs
-    assert all("Setting newly assigned partitions" in w.log_path.read_text() for w in workers)
+    assert all(ASSIGNED in w.log_path.read_text() for w in workers)
     duplicates = sum(counts.values()) - total
     # In-flight batches are delivered and committed before partitions go, so a rebalance redelivers
     # little; thousands of duplicates would mean the revoke flush stopped working.
     assert duplicates < total * 0.02, f"{duplicates} duplicates"
+    print(f"\nrebalance test: {total} records, {duplicates} duplicates")
 
 
 def test_sigterm_in_the_middle_of_a_rebalance_exits_zero(kafka_bootstrap: str, tmp_path: Path) -> None:

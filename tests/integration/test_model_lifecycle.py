@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agents.deployment import CANARY_BUCKETS, canary_bucket
 from app.loadgen import produce
@@ -57,6 +58,38 @@ def wait_for_deployment(workers: list[Worker], check: Any, timeout_s: float = 20
             return time.time()
         time.sleep(0.1)
     raise AssertionError(f"the workers did not converge: {views}")
+
+
+def counted(workers: list[Worker]) -> Counter[str]:
+    """What the workers have done so far, summed over them from their /metrics: rows scored per model
+    (``fraud-mlp@2``; the shadow's included) and outputs delivered per kind (``prediction``, ``shadow``)."""
+    totals: Counter[str] = Counter()
+    for worker in workers:
+        status, body = worker.get("/metrics", timeout_s=5)
+        assert status == 200, body
+        for family in text_string_to_metric_families(body.decode()):
+            for sample in family.samples:
+                if sample.name == "seam_scores_count":
+                    totals[f"{sample.labels['model']}@{sample.labels['version']}"] += int(sample.value)
+                elif sample.name == "seam_events_out_total":
+                    totals[sample.labels["topic_kind"]] += int(sample.value)
+    return totals
+
+
+def wait_for_more(workers: list[Worker], what: str, more: dict[str, int], *, after: float = 0.0,
+                  timeout_s: float = 120) -> None:
+    """Wait until the workers have counted (:func:`counted`) at least ``more[name]`` more of each name than at
+    ``after`` (epoch seconds; now if it has passed)."""
+    time.sleep(max(0.0, after - time.time()))  # a phase's window opens then: count only what falls inside it
+    start = counted(workers)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        grown = counted(workers) - start
+        if all(grown[name] >= n for name, n in more.items()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: wanted {more} more within {timeout_s:.0f} s, got {dict(grown)}")
+        time.sleep(0.2)
 
 
 def wait_for_cluster(workers: list[Worker], timeout_s: float = 60) -> None:
@@ -101,35 +134,32 @@ def test_canary_promote_rollback_and_refused_models_under_load(kafka_bootstrap: 
         wait_for_cluster(workers)
         assert all(v["revision"] == 0 and v["primary"]["model"] == V1_TAG for v in map(deployment_of, workers))
         loader.start()
-        time.sleep(3)
+        for worker in workers:  # the load flows through both workers before anything is deployed
+            wait_for_more([worker], "predictions before the first deployment", {"prediction": 100})
 
         def run(*args: str) -> None:
             done = seam_model(cli_env, *args)
             assert done.returncode == 0, done.stderr
 
-        issued = time.time()
+        converged: dict[int, float] = {}  # revision -> when every worker served it, epoch seconds
         run("deploy", str(v2), "--canary", "20")
-        converged = wait_for_deployment(workers, lambda v: v["revision"] == 1 and v["canary"]
-                                        and v["canary"]["model"] == V2_TAG and v["canary"]["percent"] == 20)
-        convergence = {"canary": converged - issued}
-        time.sleep(10)
-        issued = time.time()
-        marks["canary"] = (converged + SETTLE_S, issued)
+        converged[1] = wait_for_deployment(workers, lambda v: v["revision"] == 1 and v["canary"]
+                                           and v["canary"]["model"] == V2_TAG and v["canary"]["percent"] == 20)
+        # Enough canary traffic for its share to be measured to +-0.03 (asserted below over > 1,500).
+        wait_for_more(workers, "the canary phase", {V1_TAG: 2_400, V2_TAG: 600}, after=converged[1] + SETTLE_S)
+        marks["canary"] = (converged[1] + SETTLE_S, time.time())
         run("promote")
-        converged = wait_for_deployment(workers, lambda v: v["revision"] == 2 and v["primary"]["model"] == V2_TAG
-                                        and v["canary"] is None)
-        convergence["promote"] = converged - issued
-        time.sleep(6)
-        issued = time.time()
-        marks["promoted"] = (converged + SETTLE_S, issued)
+        converged[2] = wait_for_deployment(workers, lambda v: v["revision"] == 2 and v["primary"]["model"] == V2_TAG
+                                           and v["canary"] is None)
+        wait_for_more(workers, "the promoted phase", {V2_TAG: 400}, after=converged[2] + SETTLE_S)
+        marks["promoted"] = (converged[2] + SETTLE_S, time.time())
         run("rollback")
-        converged = wait_for_deployment(workers, lambda v: v["revision"] == 3 and v["primary"]["model"] == V1_TAG)
-        convergence["rollback"] = converged - issued
-        time.sleep(3)
+        converged[3] = wait_for_deployment(workers, lambda v: v["revision"] == 3 and v["primary"]["model"] == V1_TAG)
+        wait_for_more(workers, "the rolled-back phase", {V1_TAG: 400}, after=converged[3] + SETTLE_S)
         # A shadow: the same rows scored by fraud-mlp@2 on the side, predictions untouched.
         run("shadow", str(v2))
         wait_for_deployment(workers, lambda v: v["revision"] == 4 and (v["shadow"] or {}).get("model") == V2_TAG)
-        time.sleep(3)
+        wait_for_more(workers, "the shadow phase", {"shadow": 1_000})  # asserted below: > 500 shadow rows
         # Refused: a truncated file, then a model whose feature names are in another order.
         run("deploy", str(corrupt))
         wait_for_deployment(workers, lambda v: (v["rejected"] or {}).get("revision") == 5)
@@ -138,8 +168,15 @@ def test_canary_promote_rollback_and_refused_models_under_load(kafka_bootstrap: 
         wait_for_deployment(workers, lambda v: (v["rejected"] or {}).get("revision") == 6)
         assert {deployment_of(w)["rejected"]["reason"] for w in workers} == {"contract"}
         assert all(v["revision"] == 4 and v["primary"]["model"] == V1_TAG for v in map(deployment_of, workers))
-        time.sleep(2)
-        marks["rolled_back"] = (marks["promoted"][1] + convergence["rollback"] + SETTLE_S, time.time())
+        wait_for_more(workers, "predictions after the refused deployments", {V1_TAG: 400, "prediction": 400})
+        marks["rolled_back"] = (converged[3] + SETTLE_S, time.time())
+        # Convergence is measured from each record's write (its Kafka timestamp), not from starting the command.
+        control = env["SEAM_MODEL_CONTROL_TOPIC"]
+        records = asyncio.run(collect(kafka_bootstrap, [control], done=lambda out: len(out[control]) >= 6,
+                                      timeout_s=30, settle_s=0))[control]
+        written = {r["revision"]: r["_kafka_ts"] / 1000 for r in records}
+        convergence = {phase: converged[revision] - written[revision]
+                       for phase, revision in (("canary", 1), ("promote", 2), ("rollback", 3))}
         status = seam_model(cli_env, "status")
         assert status.returncode == 0 and "revision 6" in status.stdout, status
         rejections = [line for w in workers for line in w.get("/metrics")[1].decode().splitlines()

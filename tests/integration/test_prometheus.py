@@ -22,7 +22,7 @@ from app.loadgen import produce
 from app.localhost import free_port
 from app.synthetic import TransactionGenerator
 from tests.conftest import ROOT
-from tests.integration.kafka_helpers import Topics, Worker, prepare_topics
+from tests.integration.kafka_helpers import Topics, Worker, prepare_topics, program_missing
 
 pytestmark = pytest.mark.integration
 
@@ -43,8 +43,8 @@ def metric(text: str, name: str) -> float:
 def test_prometheus_scrapes_a_worker_and_the_dashboard_queries_run(kafka_bootstrap: str, tmp_path: Path) -> None:
     prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
     if not (prometheus and promtool):
-        pytest.skip("no prometheus/promtool here (Debian: apt-get install prometheus; make test installs it "
-                    "where it can)")
+        program_missing("no prometheus/promtool here (Debian: apt-get install prometheus; make test installs it "
+                        "where it can)")
     checked = subprocess.run([promtool, "check", "config", str(MONITORING / "prometheus.yml")],
                              capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr

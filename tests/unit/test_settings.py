@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -247,13 +248,83 @@ def _seam(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, cwd=Path(__file__).resolve().parents[2])
 
 
-def test_importing_seam_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Modules build nothing at import: a bad variable matters only to the command that reads it."""
-    monkeypatch.setenv("SEAM_NOT_A_SETTING", "1")
-    import importlib
+# Run in a fresh interpreter (this one imported seam long ago): os.environ becomes a mapping that notes each access
+# from seam's own packages and each SEAM_* name asked for by anyone (a library copying the whole environment, as
+# ``dict(os.environ)`` does, is not asking for one), then the modules are imported.
+_WATCH_IMPORTS = r"""
+import importlib, json, os, sys
+from collections.abc import MutableMapping
 
-    for name in ("app.main", "app.views", "app.cli", "agents.score", "tables.state"):
-        importlib.import_module(name)
+root = sys.argv[1]
+own = tuple(os.path.join(root, package) + os.sep for package in ("app", "agents", "tables"))
+plumbing = {os.__file__, "<frozen os>", __import__("_collections_abc").__file__, "<frozen _collections_abc>"}
+accesses = []
+copying = []  # frames that iterated over the environment: their reads that follow are a copy
+
+
+class Watched(MutableMapping):
+    def __init__(self, real):
+        self._real = real
+
+    def _note(self, what, key=None):
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename in plumbing:
+            frame = frame.f_back
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
+        named = isinstance(key, str) and key.startswith("SEAM_") and not any(f is frame for f in copying)
+        if where.startswith(own) or named:
+            accesses.append(f"{what} at {where}")
+        return frame
+
+    def __getitem__(self, key):
+        self._note(f"read {key!r}", key)
+        return self._real[key]
+
+    def __contains__(self, key):
+        self._note(f"looked for {key!r}", key)
+        return key in self._real
+
+    def __iter__(self):
+        copying.append(self._note("iterated over the environment"))
+        return iter(self._real)
+
+    def __len__(self):
+        return len(self._real)
+
+    def __setitem__(self, key, value):
+        self._note(f"set {key!r}", key)
+        self._real[key] = value
+
+    def __delitem__(self, key):
+        self._note(f"deleted {key!r}", key)
+        del self._real[key]
+
+    def copy(self):
+        copying.append(self._note("copied the environment"))
+        return dict(self._real)
+
+
+assert not [m for m in sys.modules if m.split(".")[0] in ("app", "agents", "tables")], "seam imported already"
+os.environ = Watched(os.environ)
+os.getenv("SEAM_WATCH_CANARY")  # the watch works: this read is noted
+assert len(accesses) == 1 and "SEAM_WATCH_CANARY" in accesses[0], accesses
+accesses.clear()
+for name in sys.argv[2:]:
+    importlib.import_module(name)
+print(json.dumps(accesses))
+"""
+
+
+def test_importing_seam_reads_no_environment() -> None:
+    """Modules build nothing at import: a bad variable matters only to the command that reads it."""
+    root = Path(__file__).resolve().parents[2]
+    modules = ("app.main", "app.views", "app.cli", "agents.score", "tables.state")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_")} | {"SEAM_NOT_A_SETTING": "1"}
+    child = subprocess.run([sys.executable, "-c", _WATCH_IMPORTS, str(root), *modules], env=env, cwd=root,
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    accesses = json.loads(child.stdout.splitlines()[-1])
+    assert not accesses, f"importing seam touched the environment: {accesses}"
 
 
 def test_help_works_with_a_bad_variable_and_the_worker_names_it() -> None:
