@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 _SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 _SCORE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
+# A miss reads one header and a chunk per 32 events held: tens of microseconds to milliseconds.
+_LOAD_BUCKETS = (0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0,
                     5.0)
 
@@ -245,6 +247,9 @@ class BoundaryMetrics:
         self.rebalance = Histogram("seam_rebalance_seconds", "From partitions revoked to the new assignment "
                                    "handled (its state restore is seam_restore_remaining_records).",
                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.state_load = Histogram("seam_state_load_seconds", "Reading a card state the cache did not hold from "
+                                    "the table (RocksDB reads and decoding), per miss.", buckets=_LOAD_BUCKETS,
+                                    registry=r)
         self.cached_cards = Gauge("seam_state_cached_cards", "Card states held in memory.", registry=r)
         self.cached_events = Gauge("seam_state_cached_events", "Events held in the card states in memory.",
                                    registry=r)

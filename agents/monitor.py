@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = ["InputPartition", "Lag", "Readiness", "Restore", "Snapshot", "StatePartition", "WorkerCollector", "lag",
@@ -100,6 +100,8 @@ class Snapshot:
     state: Sequence[StatePartition] = ()
     restores: Sequence[Restore] = ()
     rebalancing: bool = False
+    cache_hits: int = 0  # card lookups the state cache answered, since the worker started
+    cache_misses: int = 0  # card lookups that read the table
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,7 @@ class WorkerCollector(Collector):
     def describe(self) -> list[GaugeMetricFamily]:
         return []  # the families are only known by collecting; registering must not take a snapshot
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         snapshot = self._snapshot()
         if snapshot is None:
             return
@@ -179,3 +181,8 @@ class WorkerCollector(Collector):
         yield restore
         yield GaugeMetricFamily("seam_rebalancing", "1 while the consumer group rebalances.",
                                 value=1 if snapshot.rebalancing else 0)
+        lookups = CounterMetricFamily("seam_state_cache_lookups", "Card states looked up by the pipeline, by "
+                                      "result: hit (in memory) or miss (read from the table).", labels=["result"])
+        lookups.add_metric(["hit"], snapshot.cache_hits)
+        lookups.add_metric(["miss"], snapshot.cache_misses)
+        yield lookups

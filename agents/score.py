@@ -192,6 +192,7 @@ class ScoringService(Service):
             load_card=self.tables.load_state, load_watermark=self.tables.load_watermark, store_card=store_card,
             store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
             max_clean_cards=settings.state_cache_cards, max_clean_events=settings.state_cache_events,
+            on_load=self.metrics.state_load.observe,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
         models = ModelSet(self._load_model, self._serve, self._on_dispatch_failure, metrics=self.metrics)
         self.pipeline = Pipeline(
@@ -426,7 +427,8 @@ class ScoringService(Service):
         in_recovery, highwaters, offsets, _ = restore_state(app)
         restores = [Restore(tp.topic, tp.partition, max(0, (end or 0) - offsets.get(tp, -1)))
                     for tp, end in highwaters.items()] if in_recovery else []
-        return Snapshot(topic, inputs, state, restores, rebalancing=bool(app.rebalancing))
+        return Snapshot(topic, inputs, state, restores, rebalancing=bool(app.rebalancing),
+                        cache_hits=pipeline.cache.hits, cache_misses=pipeline.cache.misses)
 
     async def fence_assigned(self, assigned: set[Any]) -> None:
         """Exactly once: wait for the previous owners' transactions before restoring and seeking."""

@@ -22,6 +22,7 @@ epoch it was stamped with.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -53,7 +54,10 @@ class StateCache:
         allowed_lateness_ms: int,
         max_clean_cards: int = 100_000,
         max_clean_events: int = 1_000_000,
+        on_load: Callable[[float], object] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``on_load(seconds)`` is told how long each card read from the table took (a miss)."""
         self._load_card = load_card
         self._store_card = store_card
         self._load_watermark = load_watermark
@@ -73,6 +77,10 @@ class StateCache:
         self.flushes = 0
         self.writes = 0
         self.last_events_held = 0  # events in the cached states as of their last write (or load)
+        self.hits = 0  # card lookups the cache answered
+        self.misses = 0  # card lookups that read the table (the card was not cached, or new)
+        self._on_load = on_load
+        self._clock = clock
 
     def card(self, partition: int, card_id: str) -> CardState:
         """The card's state (from the cache, else the table, else new); mark it changed with touch()."""
@@ -80,9 +88,14 @@ class StateCache:
         state = cards.pop(card_id, None)
         if state is not None:
             cards[card_id] = state  # to the end: the cache drops least recently used states first
+            self.hits += 1
         else:
+            self.misses += 1
+            started = self._clock()
             with self._scope(partition):
                 loaded = self._load_card(card_id)
+            if self._on_load is not None:
+                self._on_load(self._clock() - started)
             state, stored = loaded if loaded is not None else (new_state(), Stored())
             self.last_events_held += stored.held
             if state["ts"]:

@@ -125,6 +125,11 @@ def test_dashboard_is_live_and_matches_metrics(kafka_bootstrap: str, tmp_path: P
             assert float(cells[0][3].replace(",", "")) == total(metrics, "seam_scores_count") == \
                 total(metrics, "seam_events_out_total", topic_kind="prediction")
             assert driver.find_element("id", "revision").text == "deployment 0"
+            # Every scored input looked its card up once: a hit or a table read.
+            assert total(metrics, "seam_state_cache_lookups_total") >= total(
+                metrics, "seam_events_out_total", topic_kind="prediction") > 0
+            cache_line = driver.find_element("id", "cache").text
+            assert cache_line.startswith("state cache: ") and "table reads p99" in cache_line, cache_line
             rejects = driver.find_element("id", "rejects").text
             assert "dead letter: invalid_json" in rejects and "dead letter: not_an_object" in rejects
             assert total(metrics, "seam_dead_letters_total") == 2

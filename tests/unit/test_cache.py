@@ -107,6 +107,27 @@ def test_card_loads_once_in_its_partition_scope_and_caches(
     assert tables.ops("load_card") == [(2, "c")]
 
 
+def test_lookups_count_hits_and_misses_and_time_each_table_read(tables: Tables) -> None:
+    now = [100.0]
+
+    def load_card(card_id: str) -> tuple[CardState, Stored] | None:
+        now[0] += 0.003 if card_id == "stored" else 0.001  # the table read takes this long
+        return tables.load_card(card_id)
+
+    tables.cards[(0, "stored")] = stored_state()
+    loads: list[float] = []
+    cache = StateCache(load_card=load_card, store_card=tables.store_card, load_watermark=tables.load_watermark,
+                       store_watermark=tables.store_watermark, scope=tables.scope, allowed_lateness_ms=LATENESS_MS,
+                       on_load=loads.append, clock=lambda: now[0])
+    cache.card(0, "stored")
+    cache.card(0, "stored")
+    cache.card(0, "new")
+    cache.card(0, "stored")
+    cache.peek(0, "other")  # a web view's look: not a pipeline lookup
+    assert (cache.hits, cache.misses) == (2, 2)
+    assert loads == pytest.approx([0.003, 0.001])
+
+
 def test_unknown_card_is_a_new_state_loaded_once(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache()
     state = cache.card(0, "nobody")

@@ -133,3 +133,11 @@ def test_a_ready_worker_without_partitions_is_a_spare() -> None:
     assert spare.ready and spare.spare
     not_yet = readiness(joined=False, models_running=True, rebalancing=False, restoring=False, input_partitions=[])
     assert not not_yet.ready and not not_yet.spare
+
+
+def test_cache_lookups_are_counters_by_result() -> None:
+    registry = CollectorRegistry()
+    WorkerCollector(lambda: Snapshot("tx", [], cache_hits=90, cache_misses=10), registry=registry)
+    page = generate_latest(registry).decode()
+    assert 'seam_state_cache_lookups_total{result="hit"} 90.0' in page
+    assert 'seam_state_cache_lookups_total{result="miss"} 10.0' in page
