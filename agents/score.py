@@ -399,7 +399,7 @@ class ScoringService(Service):
         joined = self.joined_generation is not None
         inputs = (sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == self.settings.input_topic)
                   if joined else [])
-        return readiness(joined=joined, models_running=self._ready.is_set() and models is not None and models.running,
+        return readiness(joined=joined, models_running=models is not None and models.running,
                          rebalancing=bool(app.rebalancing), restoring=restoring(app), input_partitions=inputs)
 
     def _snapshot(self) -> Snapshot | None:
