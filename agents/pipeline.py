@@ -24,7 +24,7 @@ from agents.ingest import RawRecord, RecordBatch
 from agents.metrics import BoundaryMetrics
 from agents.runtime import ModelInfo
 from tables.cache import StateCache
-from tables.features import apply_event, feature_set_version, replayable
+from tables.features import apply_event, feature_set_version, has_event, replayable
 
 __all__ = ["Outputs", "Pipeline", "ScoringItem"]
 
@@ -148,7 +148,7 @@ class Pipeline:
             # A redelivered event already in its card's state is scored again (same features) even if
             # the restored watermark has passed it, as long as it lies within the replay horizon.
             if watermark.is_late(tx.ts) and not (
-                    tx.id in state["id"] and replayable(state, tx.ts, allowed_lateness_ms=lateness_ms)):
+                    has_event(state, tx.id) and replayable(state, tx.ts, allowed_lateness_ms=lateness_ms)):
                 assert record.value is not None and watermark.value is not None
                 if metrics is not None:
                     metrics.late_records.labels(str(partition)).inc()

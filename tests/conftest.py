@@ -22,6 +22,22 @@ KAFKA_LOCAL = ROOT / "scripts" / "kafka_local.py"
 REGISTRY_LOCAL = ROOT / "scripts" / "registry_local.py"
 
 
+@pytest.fixture(scope="module", params=["slices", "indexed"])
+def window_paths(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a module twice: with no card's windows indexed, and with every card's (``tables.features.HOT_EVENTS``).
+
+    Module-scoped, so hypothesis tests may use it; ``pytestmark = pytest.mark.usefixtures("window_paths")``.
+    """
+    from tables import features
+
+    before = features.HOT_EVENTS
+    features.HOT_EVENTS = 1 if request.param == "indexed" else 1 << 62
+    try:
+        yield request.param
+    finally:
+        features.HOT_EVENTS = before
+
+
 @contextmanager
 def _local_service(script: Path, what: str, *options: str) -> Iterator[None]:
     """Run ``script up OPTIONS`` (a local server the project starts), then ``script down OPTIONS`` at the end."""

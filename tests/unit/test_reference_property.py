@@ -25,8 +25,10 @@ from agents.pipeline import Outputs, Pipeline, ScoringItem
 from app.synthetic import TransactionGenerator
 from tables.cache import StateCache
 from tables.card_store import Stored, changes, decode
-from tables.features import DEFAULT_SPEC, CardState, apply_event, new_state, replayable
+from tables.features import DEFAULT_SPEC, CardState, apply_event, has_event, new_state, replayable
 from tests.reference import Late, Scored, replay
+
+pytestmark = pytest.mark.usefixtures("window_paths")  # every test: sliced and indexed windows
 
 T = 1_764_500_000_000  # an arbitrary epoch-ms origin
 S = 1_000  # one second in ms
@@ -143,7 +145,7 @@ class Worker:
         watermark = cache.watermark(partition)
         state = cache.card(partition, ev.card_id)
         if watermark.is_late(ev.ts) and not (
-                ev.id in state["id"] and replayable(state, ev.ts, allowed_lateness_ms=LATENESS_MS)):
+                has_event(state, ev.id) and replayable(state, ev.ts, allowed_lateness_ms=LATENESS_MS)):
             assert watermark.value is not None
             return Late(watermark.value)
         if watermark.max_ts is None or ev.ts > watermark.max_ts:
