@@ -169,3 +169,4 @@ class Checkpoint:
         metrics.state_writes.inc(writes)
         metrics.cached_cards.set(cache.cached_cards())
         metrics.cached_events.set(cache.last_events_held)
+        metrics.cached_bytes.set(cache.last_bytes_held)

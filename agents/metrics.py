@@ -253,6 +253,8 @@ class BoundaryMetrics:
         self.cached_cards = Gauge("seam_state_cached_cards", "Card states held in memory.", registry=r)
         self.cached_events = Gauge("seam_state_cached_events", "Events held in the card states in memory.",
                                    registry=r)
+        self.cached_bytes = Gauge("seam_state_cached_bytes", "Memory of the card states in memory, as the cache "
+                                  "counts it against SEAM_STATE_CACHE_MB.", registry=r)
         self.breaches = BreachLog()
 
     def set_sla(self, sla_s: float) -> None:

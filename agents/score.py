@@ -191,7 +191,7 @@ class ScoringService(Service):
         cache = StateCache(
             load_card=self.tables.load_state, load_watermark=self.tables.load_watermark, store_card=store_card,
             store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
-            max_clean_cards=settings.state_cache_cards, max_clean_events=settings.state_cache_events,
+            max_clean_bytes=settings.state_cache_mb << 20,
             on_load=self.metrics.state_load.observe,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
         models = ModelSet(self._load_model, self._serve, self._on_dispatch_failure, metrics=self.metrics)

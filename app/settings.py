@@ -91,10 +91,9 @@ class Settings:
     fraud_threshold: float = 0.5
     # Event time.
     allowed_lateness_s: float = 60.0
-    # Card states kept in memory beyond what is being changed (the rest is read back from RocksDB):
-    # at most this many cards and this many events held in them (about 0.2 KB per event).
-    state_cache_cards: int = 100_000
-    state_cache_events: int = 1_000_000
+    # Memory for the card states kept beyond what is being changed (the rest is read back from
+    # RocksDB): about 1.5 KB per card plus 0.19 KB per event held (0.29 KB in a card of 96 or more).
+    state_cache_mb: int = 256
     # RocksDB's own memory for the card-state table, per table partition this worker opens: its block
     # cache (blocks read back from disk) and its write buffers (two memtables of a quarter each).
     state_db_memory_mb: int = 32
@@ -160,9 +159,8 @@ class Settings:
         if self.allowed_lateness_s < 0:
             raise SettingsError(
                 f"SEAM_ALLOWED_LATENESS_S must be >= 0, got {self.allowed_lateness_s}")
-        if self.state_cache_cards < 1 or self.state_cache_events < 1:
-            raise SettingsError("SEAM_STATE_CACHE_CARDS and SEAM_STATE_CACHE_EVENTS must be >= 1, got "
-                                f"{self.state_cache_cards} and {self.state_cache_events}")
+        if self.state_cache_mb < 1:
+            raise SettingsError(f"SEAM_STATE_CACHE_MB must be >= 1, got {self.state_cache_mb}")
         if self.state_db_memory_mb < 4:
             raise SettingsError(f"SEAM_STATE_DB_MEMORY_MB must be >= 4, got {self.state_db_memory_mb}")
         if self.input_format not in {"json", "avro"}:

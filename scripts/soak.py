@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/soak.py --rate 3000 --cards 100000 --duration 1800   # the 30-minute run
     .venv/bin/python scripts/soak.py --rate 4000 --cards 20000 --duration 60      # a one-minute probe
+    .venv/bin/python scripts/soak.py --duration 900 --time-lapse 32               # four horizons in 15 min
 
 It starts a local broker on ``--port`` unless one answers there (and stops only one it started), creates
 fresh topics (outputs with ``LogAppendTime``), starts ``seam worker`` with ``--seam-env`` settings, sends
@@ -10,6 +11,14 @@ transactions on a fixed schedule, and measures each prediction's broker append t
 timestamp. Every ``--window`` seconds it prints p50/p99/max latency, the worker's resident memory, its
 event-loop lag (``seam_event_loop_lag_seconds``) and its state cache (``seam_state_cached_*``). With
 ``--out`` the windows are also written as JSON. Everything started is stopped at the end, also on Ctrl-C.
+
+A card's state keeps about two hours of its events (the replay horizon), so a real-time soak shorter
+than that never reaches a steady state. ``--time-lapse K`` runs event time K times faster than the
+wall clock from the start of the load (one event per card per ``mean gap / K`` of wall time on
+average, the same rate), so a 15-minute run at K=32 covers four horizons: the states stop growing and
+the worker must hold its tail and its memory flat from then on. The last line says whether it did:
+the p99 of the last five windows against that of the first five (target: at most 10 ms more), and
+resident memory over the last half of the run (target: at most 5 % growth).
 """
 
 from __future__ import annotations
@@ -102,19 +111,21 @@ async def follow(bootstrap: str, topic: str, sent_ms: dict[str, int], windows: l
 
 
 async def produce(bootstrap: str, topic: str, rate: float, duration_s: float, cards: int,
-                  sent_ms: dict[str, int]) -> None:
+                  sent_ms: dict[str, int], time_lapse: float) -> None:
     generator = TransactionGenerator(cards=cards, seed=7, id_prefix=f"soak{uuid.uuid4().hex[:6]}",
                                      start_ms=int(time.time() * 1000), late_rate=0.0)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2)
     await producer.start()
     try:
         started, sent = time.monotonic(), 0
+        origin_ms = int(time.time() * 1000)
         total = int(rate * duration_s)
         while sent < total:
             due = int((time.monotonic() - started) * rate) + 1
             while sent < min(due, total):
                 tx = next(generator)[0]
-                tx["ts"] = int(time.time() * 1000)  # event time = now: the horizon fills as in production
+                # Event time = now (times K from the start): the horizon fills as in production, K times faster.
+                tx["ts"] = origin_ms + int((time.time() * 1000 - origin_ms) * time_lapse)
                 future = await producer.send(topic, orjson.dumps(tx), key=tx["card_id"].encode())
                 sent_ms[tx["id"]] = int(time.time() * 1000)
                 future.add_done_callback(lambda f, i=tx["id"]: sent_ms.__setitem__(i, f.result().timestamp)
@@ -158,13 +169,14 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
         stop = asyncio.Event()
         started = time.time()
         following = asyncio.create_task(follow(bootstrap, sink, sent_ms, windows, started, args.window, stop))
-        producing = asyncio.create_task(produce(bootstrap, source, args.rate, args.duration, args.cards, sent_ms))
+        producing = asyncio.create_task(produce(bootstrap, source, args.rate, args.duration, args.cards, sent_ms,
+                                                args.time_lapse))
         report: list[dict[str, Any]] = []
         for index in range(len(windows)):
             await asyncio.sleep(max(0.0, started + (index + 1) * args.window - time.time()))
             report.append({"window": index, "rss_mb": round(rss_mb(worker.pid), 1),
                            "loop_lag_max_ms_so_far": loop_lag_max_ms(metrics_url),
-                           **{k: v for k, v in scrape(metrics_url).items() if k.startswith("seam_state_cached")}})
+                           **{k: v for k, v in scrape(metrics_url).items() if k.startswith("seam_state_cache")}})
         await producing
         await asyncio.sleep(args.drain)
         with contextlib.suppress(OSError), urllib.request.urlopen(metrics_url, timeout=2) as response:  # noqa: S310
@@ -178,9 +190,25 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
             print(json.dumps(row), flush=True)
         unanswered = len(sent_ms)
         print(json.dumps({"unanswered": unanswered, "sent": int(args.rate * args.duration)}), flush=True)
+        print(json.dumps(verdict(windows, report)), flush=True)
         return report
     finally:
         worker.stop()
+
+
+def verdict(windows: list[Window], report: list[dict[str, Any]], span: int = 5) -> dict[str, Any]:
+    """The soak's targets: the last ``span`` windows' p99 against the first ``span`` windows', and RSS growth
+    over the second half of the run."""
+    def p99(part: list[Window]) -> float:
+        latencies = [ms for window in part for ms in window.latency_ms]
+        return float(np.percentile(latencies, 99)) if latencies else float("nan")
+
+    first, last = p99(windows[:span]), p99(windows[-span:])
+    half, end = report[len(report) // 2]["rss_mb"], report[-1]["rss_mb"]
+    growth = end / half - 1 if half else float("nan")
+    return {"p99_first_ms": round(first, 1), "p99_last_ms": round(last, 1), "tail_flat": last <= first + 10.0,
+            "rss_half_mb": half, "rss_end_mb": end, "rss_growth_last_half": round(growth, 3),
+            "memory_flat": growth <= 0.05}
 
 
 def main() -> None:
@@ -194,9 +222,13 @@ def main() -> None:
     parser.add_argument("--data-dir", default=str(ROOT / ".data" / "soak"))
     parser.add_argument("--seam-env", action="append", default=[], metavar="SEAM_NAME=VALUE")
     parser.add_argument("--out", type=Path, help="write the windows as JSON here")
+    parser.add_argument("--time-lapse", type=float, default=1.0, metavar="K",
+                        help="event time runs K times faster than the wall clock (K >= 1)")
     parser.add_argument("--worker-root", type=Path, default=ROOT,
                         help="run the worker from this checkout (to compare versions in one environment)")
     args = parser.parse_args()
+    if args.time_lapse < 1:
+        parser.error("--time-lapse must be >= 1")
     started_broker = False
     if subprocess.run([sys.executable, kafka_local.__file__, "status", "--port", str(args.port)],
                       capture_output=True).returncode != 0:

@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager
 from typing import TypeVar
 
 from tables.card_store import Stored, events_held
-from tables.features import CardState, Watermark, new_state
+from tables.features import CardState, Watermark, memory_bytes, new_state
 
 __all__ = ["StateCache"]
 
@@ -52,8 +52,7 @@ class StateCache:
         store_watermark: Callable[[int], None],
         scope: Scope,
         allowed_lateness_ms: int,
-        max_clean_cards: int = 100_000,
-        max_clean_events: int = 1_000_000,
+        max_clean_bytes: int = 256 << 20,
         on_load: Callable[[float], object] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -64,8 +63,7 @@ class StateCache:
         self._store_watermark = store_watermark
         self._scope = scope
         self._lateness_ms = allowed_lateness_ms
-        self._max_clean_cards = max_clean_cards
-        self._max_clean_events = max_clean_events
+        self._max_clean_bytes = max_clean_bytes
         self._cards: dict[int, dict[str, CardState]] = {}
         self._stored: dict[int, dict[str, Stored]] = {}
         self._dirty: dict[int, dict[str, set[int]]] = {}  # partition -> card -> times of the events applied
@@ -77,6 +75,7 @@ class StateCache:
         self.flushes = 0
         self.writes = 0
         self.last_events_held = 0  # events in the cached states as of their last write (or load)
+        self.last_bytes_held = 0  # their memory (tables.features.memory_bytes), counted alike
         self.hits = 0  # card lookups the cache answered
         self.misses = 0  # card lookups that read the table (the card was not cached, or new)
         self._on_load = on_load
@@ -98,6 +97,7 @@ class StateCache:
                 self._on_load(self._clock() - started)
             state, stored = loaded if loaded is not None else (new_state(), Stored())
             self.last_events_held += stored.held
+            self.last_bytes_held += memory_bytes(stored.held)
             if state["ts"]:
                 self._raise_watermark(partition, state["ts"][-1])
             cards[card_id] = state
@@ -200,6 +200,7 @@ class StateCache:
                     held = card.held
                     writes += self._store_card(card_id, state, card, touched)
                     self.last_events_held += card.held - held
+                    self.last_bytes_held += memory_bytes(card.held) - memory_bytes(held)
         return writes
 
     def _write_watermark(self, partition: int) -> int:
@@ -225,33 +226,34 @@ class StateCache:
             self.trim()
 
     def trim(self) -> None:
-        """Drop clean states, least recently used first (partition by partition), to 7/8 of the bounds.
+        """Drop clean states, least recently used first (partition by partition), to 7/8 of the bound.
 
-        The bounds are ``max_clean_cards`` cards and ``max_clean_events`` events held in all cached
-        states; a dropped state is read back from the table when its card comes again.
+        The bound is ``max_clean_bytes`` of memory in all cached states (``memory_bytes`` of the events
+        each held at its last write or load); a dropped state is read back from the table when its
+        card comes again.
         """
-        cards = sum(len(c) for c in self._cards.values())
-        events = self.last_events_held  # counted as states are loaded, written and dropped: no walk over all
-        if cards <= self._max_clean_cards and events <= self._max_clean_events:
+        held = self.last_bytes_held  # counted as states are loaded, written and dropped: no walk over all
+        if held <= self._max_clean_bytes:
             return
         # A dropped state's objects are freed at once, on the event loop: dropping a quarter of a full
         # cache (a million events) held it for a few hundred ms. An eighth at a time, more often.
-        card_goal, event_goal = self._max_clean_cards * 7 // 8, self._max_clean_events * 7 // 8
+        goal = self._max_clean_bytes * 7 // 8
+        events = self.last_events_held
         for partition, cached in self._cards.items():
             dirty, stored = self._dirty.get(partition, {}), self._stored.get(partition, {})
             victims = []
             for card_id in cached:
-                if cards <= card_goal and events <= event_goal:
+                if held <= goal:
                     break
                 if card_id not in dirty:  # clean: it holds what was last written (or loaded)
                     victims.append(card_id)
                     events -= stored[card_id].held
-                    cards -= 1
+                    held -= memory_bytes(stored[card_id].held)
             for card_id in victims:
                 del cached[card_id]
                 stored.pop(card_id, None)
-            self.last_events_held = events
-            if cards <= card_goal and events <= event_goal:
+            self.last_events_held, self.last_bytes_held = events, held
+            if held <= goal:
                 return
 
     def events_held(self) -> int:
@@ -270,7 +272,7 @@ class StateCache:
         self._watermarks.clear()
         self._dirty_watermarks.clear()
         self._deferred.clear()
-        self.last_events_held = 0
+        self.last_events_held = self.last_bytes_held = 0
 
     def dirty_cards(self) -> int:
         """How many card states wait for the next flush."""

@@ -10,7 +10,7 @@ import pytest
 
 from tables.cache import StateCache
 from tables.card_store import Stored
-from tables.features import CardState, apply_event, new_state
+from tables.features import CardState, apply_event, memory_bytes, new_state
 
 LATENESS_MS = 60_000
 T = 1_764_500_000_000
@@ -73,11 +73,10 @@ def tables() -> Tables:
 def make_cache(tables: Tables) -> Callable[..., StateCache]:
     """Factory: a StateCache over ``tables`` (keyword arguments override the defaults)."""
 
-    def make(max_clean_cards: int = 100_000, max_clean_events: int = 1_000_000) -> StateCache:
+    def make(max_clean_bytes: int = 256 << 20) -> StateCache:
         return StateCache(load_card=tables.load_card, store_card=tables.store_card,
                           load_watermark=tables.load_watermark, store_watermark=tables.store_watermark,
-                          scope=tables.scope, allowed_lateness_ms=LATENESS_MS, max_clean_cards=max_clean_cards,
-                          max_clean_events=max_clean_events)
+                          scope=tables.scope, allowed_lateness_ms=LATENESS_MS, max_clean_bytes=max_clean_bytes)
 
     return make
 
@@ -355,13 +354,13 @@ def test_forget_drops_states_watermarks_dirty_marks_and_deferred_acks(
     assert tables.ops("store_card") == [] and tables.ops("store_watermark") == []
 
 
-# --- max_clean_cards -----------------------------------------------------------------------------------------
+# --- max_clean_bytes -----------------------------------------------------------------------------------------
 
 
 def test_clean_cache_is_cleared_after_a_flush_beyond_the_bound(
     tables: Tables, make_cache: Callable[..., StateCache]
 ) -> None:
-    cache = make_cache(max_clean_cards=2)
+    cache = make_cache(max_clean_bytes=2 * memory_bytes(0))  # two empty cards
     states = [cache.card(0, name) for name in ("a", "b", "c")]
     apply(states[0], "a1")
     cache.touch(0, "a")
@@ -373,7 +372,7 @@ def test_clean_cache_is_cleared_after_a_flush_beyond_the_bound(
 
 
 def test_clean_cache_within_the_bound_is_kept(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
-    cache = make_cache(max_clean_cards=2)
+    cache = make_cache(max_clean_bytes=2 * memory_bytes(0))  # two empty cards
     a = cache.card(0, "a")
     cache.card(1, "b")
     cache.flush()
@@ -382,7 +381,7 @@ def test_clean_cache_within_the_bound_is_kept(tables: Tables, make_cache: Callab
 
 
 def test_watermarks_survive_the_clean_cache_bound(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
-    cache = make_cache(max_clean_cards=0)
+    cache = make_cache(max_clean_bytes=0)
     cache.card(0, "a")
     watermark = cache.watermark(0)
     watermark.observe(T)
@@ -391,11 +390,12 @@ def test_watermarks_survive_the_clean_cache_bound(tables: Tables, make_cache: Ca
     assert tables.ops("load_watermark") == [(0, None)]
 
 
-def test_bounds_drop_least_recently_used_clean_states_and_events_are_counted_without_a_walk(
+def test_the_bound_drops_least_recently_used_clean_states_and_bytes_are_counted_without_a_walk(
         tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     for i in range(4):
         tables.cards[(0, f"old{i}")] = stored_state(f"o{i}")
-    cache = make_cache(max_clean_cards=5)
+    # One byte short of the six states below (four of one event, two of four): a flush drops to 7/8 of it.
+    cache = make_cache(max_clean_bytes=4 * memory_bytes(1) + 2 * memory_bytes(4) - 1)
     for i in range(4):
         cache.card(0, f"old{i}")  # loaded first
     cache.card(0, "old0")  # used again: now more recent than old1..old3
@@ -404,20 +404,10 @@ def test_bounds_drop_least_recently_used_clean_states_and_events_are_counted_wit
         for j in range(4):
             apply(state, f"{name}{j}", T + j)
             cache.touch(0, name, T + j)
-    cache.flush()  # 6 cards > 5: down to 4 (7/8), least recently used first
-    assert set(cache._cards[0]) == {"old3", "old0", "a", "b"}
-    assert cache.last_events_held == cache.events_held() == 10
-
-    by_events = make_cache(max_clean_events=8)
-    for name in ("old1", "old2", "old3"):
-        by_events.card(0, name)
-    state = by_events.card(0, "new")
-    for j in range(6):
-        apply(state, f"n{j}", T + j)
-        by_events.touch(0, "new", T + j)
-    by_events.flush()  # 3 + 6 = 9 events > 8: down to 7
-    assert by_events.last_events_held == by_events.events_held() == 7
-    assert set(by_events._cards[0]) == {"old3", "new"}
+    cache.flush()  # least recently used first: old1 goes, and that is enough
+    assert list(cache._cards[0]) == ["old2", "old3", "old0", "a", "b"]
+    assert cache.last_events_held == cache.events_held() == 11
+    assert cache.last_bytes_held == 3 * memory_bytes(1) + 2 * memory_bytes(4)
 
 
 # --- counters ------------------------------------------------------------------------------------------------

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from tables import features
 from tables.card_store import CHUNK_EVENTS, Stored, changes, chunk_key, decode
-from tables.features import DEFAULT_SPEC, CardState, apply_event, new_state
+from tables.features import DEFAULT_SPEC, CardState, apply_event, memory_bytes, new_state
 
 LATENESS_MS = 60_000
 T = 1_764_500_000_000
@@ -196,3 +199,27 @@ def test_any_sequence_of_events_and_flushes_restores_exactly(seed: int, flush_ev
             assert set(table.data) == keys_of(stored)
             if rng.random() < 0.2:  # a restart: continue from what the table holds
                 state, stored = loaded, loaded_stored
+
+
+@pytest.mark.parametrize("events", [5, 50, 200, 1000])
+def test_memory_bytes_is_what_a_loaded_card_takes(events: int) -> None:
+    """The cache is sized by ``memory_bytes``: within 25 % of what tracemalloc measures for a card read back
+    from its table (ids of 20 characters, merchants interned), with its window index once it is hot."""
+    rng = random.Random(events)
+    state = new_state()
+    for i in range(events):
+        apply_event(state, f"soak1a2b3c-{rng.randrange(10**9):09d}", T + i * 10_000, round(rng.uniform(1, 500), 2),
+                    f"m-{rng.randrange(5000)}", allowed_lateness_ms=LATENESS_MS)
+    writes = dict(changes(b"c-1", state, Stored(), set(state["ts"])))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        loaded, stored = decode(writes[b"c-1"], writes.get, b"c-1")
+        if events >= features.HOT_EVENTS:
+            apply_event(loaded, "one-more-event-id-00", loaded["ts"][-1] + 1, 1.0, "m-1",
+                        allowed_lateness_ms=LATENESS_MS)
+            assert loaded.index is not None
+        measured = sum(stat.size_diff for stat in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    finally:
+        tracemalloc.stop()
+    assert 0.75 <= measured / memory_bytes(len(loaded["ts"])) <= 1.25, (measured, memory_bytes(len(loaded["ts"])))

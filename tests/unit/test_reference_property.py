@@ -25,7 +25,7 @@ from agents.pipeline import Outputs, Pipeline, ScoringItem
 from app.synthetic import TransactionGenerator
 from tables.cache import StateCache
 from tables.card_store import Stored, changes, decode
-from tables.features import DEFAULT_SPEC, CardState, apply_event, has_event, new_state, replayable
+from tables.features import DEFAULT_SPEC, CardState, apply_event, has_event, memory_bytes, new_state, replayable
 from tests.reference import Late, Scored, replay
 
 pytestmark = pytest.mark.usefixtures("window_paths")  # every test: sliced and indexed windows
@@ -120,7 +120,7 @@ class Tables:
         """A fresh StateCache over these tables: what a restarted worker builds after restoring them."""
         return StateCache(load_card=self.load_card, store_card=self.store_card, load_watermark=self.load_watermark,
                           store_watermark=self.store_watermark, scope=self.scope, allowed_lateness_ms=LATENESS_MS,
-                          max_clean_cards=max_clean_cards)
+                          max_clean_bytes=max_clean_cards * memory_bytes(0))  # about that many cards
 
 
 @dataclass
