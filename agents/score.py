@@ -189,7 +189,8 @@ class ScoringService(Service):
         lateness_ms = int(settings.allowed_lateness_s * 1000)
         store_card, store_max_ts = self._state_writers()
         cache = StateCache(
-            load_card=self.tables.load_state, load_watermark=self.tables.load_watermark, store_card=store_card,
+            load_card=self.tables.load_state, load_cards=self.tables.load_states,
+            load_watermark=self.tables.load_watermark, store_card=store_card,
             store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
             max_clean_bytes=settings.state_cache_mb << 20,
             on_load=self.metrics.state_load.observe,

@@ -49,7 +49,7 @@ from faust.types import TP
 __all__ = [
     "AIOKafkaConsumerThread", "FaustConsumer", "FaustTransport", "ack_lock", "current_event", "drain_producer_buffer",
     "encode_key", "encode_value", "group_distribution", "persist_changelog_offset", "restore_state", "restoring",
-    "raw_get", "rewind", "rocksdb_partition", "store_writes", "tune_fetch", "uses_rocksdict",
+    "raw_get", "raw_get_many", "rewind", "rocksdb_partition", "store_writes", "tune_fetch", "uses_rocksdict",
 ]
 
 FaustConsumer = faust_aiokafka.Consumer
@@ -124,6 +124,16 @@ def raw_get(table: Any, key: bytes) -> bytes | None:
         return value
     found: bytes | None = table.get(key)
     return found
+
+
+def raw_get_many(table: Any, keys: list[bytes]) -> list[bytes | None]:
+    """:func:`raw_get` for several keys: one multi-key RocksDB read (rocksdict's ``get`` of a list)."""
+    store = table.data
+    event = faust_current_event()
+    if event is not None and uses_rocksdict(store):
+        values: list[bytes | None] = rocksdb_partition(store, event.message.partition).get(keys)
+        return values
+    return [table.get(key) for key in keys]
 
 
 def rocksdb_partitions(store: Any) -> Mapping[int, Any]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
@@ -37,6 +37,8 @@ Scope = Callable[[int], AbstractContextManager[object]]
 # Reads a card from its table (None if unknown); writes the changes since ``Stored`` (given the
 # event times of the events applied since), updating it; returns how many records it wrote.
 LoadCard = Callable[[str], tuple[CardState, Stored] | None]
+TRIM_STEP_CARDS = 2_048  # the most clean states one trim drops (it runs after every flush)
+LoadCards = Callable[[list[str]], list[tuple[CardState, Stored] | None]]  # several cards, batched reads
 StoreCard = Callable[[str, CardState, Stored, set[int]], int]
 
 
@@ -55,9 +57,12 @@ class StateCache:
         max_clean_bytes: int = 256 << 20,
         on_load: Callable[[float], object] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        load_cards: LoadCards | None = None,
     ) -> None:
-        """``on_load(seconds)`` is told how long each card read from the table took (a miss)."""
+        """``on_load(seconds)`` is told how long each card read from the table took (a miss; a batched
+        read's time is shared among its cards)."""
         self._load_card = load_card
+        self._load_cards = load_cards
         self._store_card = store_card
         self._load_watermark = load_watermark
         self._store_watermark = store_watermark
@@ -78,6 +83,8 @@ class StateCache:
         self.last_bytes_held = 0  # their memory (tables.features.memory_bytes), counted alike
         self.hits = 0  # card lookups the cache answered
         self.misses = 0  # card lookups that read the table (the card was not cached, or new)
+        self._prefetched: set[tuple[int, str]] = set()  # read by prefetch(), not yet asked for
+        self._trims = 0
         self._on_load = on_load
         self._clock = clock
 
@@ -87,21 +94,51 @@ class StateCache:
         state = cards.pop(card_id, None)
         if state is not None:
             cards[card_id] = state  # to the end: the cache drops least recently used states first
-            self.hits += 1
-        else:
-            self.misses += 1
-            started = self._clock()
-            with self._scope(partition):
-                loaded = self._load_card(card_id)
-            if self._on_load is not None:
-                self._on_load(self._clock() - started)
-            state, stored = loaded if loaded is not None else (new_state(), Stored())
-            self.last_events_held += stored.held
-            self.last_bytes_held += memory_bytes(stored.held)
-            if state["ts"]:
-                self._raise_watermark(partition, state["ts"][-1])
-            cards[card_id] = state
-            self._stored.setdefault(partition, {})[card_id] = stored
+            if self._prefetched and (partition, card_id) in self._prefetched:
+                self._prefetched.discard((partition, card_id))
+                self.misses += 1  # read by prefetch() for this lookup
+            else:
+                self.hits += 1
+            return state
+        self.misses += 1
+        started = self._clock()
+        with self._scope(partition):
+            loaded = self._load_card(card_id)
+        if self._on_load is not None:
+            self._on_load(self._clock() - started)
+        return self._install(partition, card_id, loaded)
+
+    def prefetch(self, partition: int, card_ids: Iterable[str]) -> None:
+        """Read the cards among ``card_ids`` that the cache does not hold, together (``load_cards``).
+
+        Each counts as a miss when :meth:`card` then asks for it; without ``load_cards`` this does
+        nothing (each miss is read by :meth:`card`).
+        """
+        if self._load_cards is None:
+            return
+        cards = self._cards.setdefault(partition, {})
+        missing = list(dict.fromkeys(card_id for card_id in card_ids if card_id not in cards))
+        if not missing:
+            return
+        started = self._clock()
+        with self._scope(partition):
+            loaded = self._load_cards(missing)
+        if self._on_load is not None:
+            share = (self._clock() - started) / len(missing)
+            for _ in missing:
+                self._on_load(share)
+        for card_id, found in zip(missing, loaded, strict=True):
+            self._install(partition, card_id, found)
+            self._prefetched.add((partition, card_id))
+
+    def _install(self, partition: int, card_id: str, loaded: tuple[CardState, Stored] | None) -> CardState:
+        state, stored = loaded if loaded is not None else (new_state(), Stored())
+        self.last_events_held += stored.held
+        self.last_bytes_held += memory_bytes(stored.held)
+        if state["ts"]:
+            self._raise_watermark(partition, state["ts"][-1])
+        self._cards.setdefault(partition, {})[card_id] = state
+        self._stored.setdefault(partition, {})[card_id] = stored
         return state
 
     def _raise_watermark(self, partition: int, card_max_ts: int) -> None:
@@ -226,7 +263,8 @@ class StateCache:
             self.trim()
 
     def trim(self) -> None:
-        """Drop clean states, least recently used first (partition by partition), to 7/8 of the bound.
+        """Drop clean states, least recently used first (partition by partition, starting from the next
+        partition each time), down to the bound.
 
         The bound is ``max_clean_bytes`` of memory in all cached states (``memory_bytes`` of the events
         each held at its last write or load); a dropped state is read back from the table when its
@@ -235,15 +273,21 @@ class StateCache:
         held = self.last_bytes_held  # counted as states are loaded, written and dropped: no walk over all
         if held <= self._max_clean_bytes:
             return
-        # A dropped state's objects are freed at once, on the event loop: dropping a quarter of a full
-        # cache (a million events) held it for a few hundred ms. An eighth at a time, more often.
-        goal = self._max_clean_bytes * 7 // 8
+        # A dropped state's objects are freed at once, on the event loop: dropping an eighth of a full
+        # cache at once (32 MB) held it for 0.4-0.8 s every few minutes. Each flush (four a second)
+        # drops only what the cache went over by since the last, at most TRIM_STEP_CARDS states.
+        goal = self._max_clean_bytes
+        budget = TRIM_STEP_CARDS
         events = self.last_events_held
-        for partition, cached in self._cards.items():
+        partitions = list(self._cards)
+        self._trims += 1
+        turn = self._trims % len(partitions)
+        for partition in partitions[turn:] + partitions[:turn]:
+            cached = self._cards[partition]
             dirty, stored = self._dirty.get(partition, {}), self._stored.get(partition, {})
-            victims = []
+            victims: list[str] = []
             for card_id in cached:
-                if held <= goal:
+                if held <= goal or len(victims) >= budget:
                     break
                 if card_id not in dirty:  # clean: it holds what was last written (or loaded)
                     victims.append(card_id)
@@ -252,8 +296,11 @@ class StateCache:
             for card_id in victims:
                 del cached[card_id]
                 stored.pop(card_id, None)
+            if self._prefetched:
+                self._prefetched.difference_update((partition, card_id) for card_id in victims)
             self.last_events_held, self.last_bytes_held = events, held
-            if held <= goal:
+            budget -= len(victims)
+            if held <= goal or budget <= 0:
                 return
 
     def events_held(self) -> int:
@@ -272,6 +319,7 @@ class StateCache:
         self._watermarks.clear()
         self._dirty_watermarks.clear()
         self._deferred.clear()
+        self._prefetched.clear()
         self.last_events_held = self.last_bytes_held = 0
 
     def dirty_cards(self) -> int:

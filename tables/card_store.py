@@ -20,7 +20,9 @@ record for such a card, and a card with fewer than ``CHUNK_EVENTS`` events is re
 tail reaches ``CHUNK_EVENTS`` it is sealed into a chunk, written once. A late event that falls into a
 sealed chunk rewrites that chunk; eviction rewrites the chunk it cut into and deletes the chunks it
 emptied. A flush's work and bytes thus follow the events that changed (at most a chunk per change), and
-loading a card costs one read per ``CHUNK_EVENTS`` events it holds.
+loading a card costs one read per ``CHUNK_EVENTS`` events it holds. The cards a fetched batch needs
+and the cache does not hold are read together (:func:`decode_many`): all their headers in one
+multi-key read, then all their chunks in a second.
 
 Chunks are written before the header and deletions after it. Within a changelog partition records keep
 their order and a crash loses a suffix, so a header never lists a chunk whose write was lost. A chunk
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +50,7 @@ import orjson
 
 from tables.features import CardState, new_state, upgrade_state
 
-__all__ = ["CHUNK_EVENTS", "Stored", "chunk_key", "changes", "decode", "events_held"]
+__all__ = ["CHUNK_EVENTS", "Stored", "chunk_key", "changes", "decode", "decode_many", "events_held"]
 
 CHUNK_EVENTS = 32
 _COLUMNS = ("ts", "amt", "mer", "id", "seq")
@@ -79,7 +81,30 @@ def decode(header: bytes | None, get: Callable[[bytes], bytes | None], card_key:
     """Rebuild a card's state from its header and chunks (``get`` reads a key of the table)."""
     if header is None:
         return new_state(), Stored()
-    meta = orjson.loads(header)
+    return _decode(orjson.loads(header), get, card_key)
+
+
+def decode_many(card_keys: Sequence[bytes], get_many: Callable[[list[bytes]], list[bytes | None]]) -> list[
+        tuple[CardState, Stored] | None]:
+    """:func:`decode` for several cards, in two batched reads (``get_many``): their headers, then their chunks.
+
+    ``None`` for a card the table does not hold.
+    """
+    metas = [None if header is None else orjson.loads(header) for header in get_many(list(card_keys))]
+    wanted = [chunk_key(card_key, number) for card_key, meta in zip(card_keys, metas, strict=True)
+              if meta is not None and meta.get("v") == 3 for first, last in meta["c"]
+              for number in range(first, last + 1)]
+    chunks = dict(zip(wanted, get_many(wanted), strict=True)) if wanted else {}
+    return [None if meta is None else _decode(meta, chunks.get if meta.get("v") == 3 else _single_reads(get_many),
+                                              card_key)
+            for card_key, meta in zip(card_keys, metas, strict=True)]
+
+
+def _single_reads(get_many: Callable[[list[bytes]], list[bytes | None]]) -> Callable[[bytes], bytes | None]:
+    return lambda key: get_many([key])[0]
+
+
+def _decode(meta: dict[str, Any], get: Callable[[bytes], bytes | None], card_key: bytes) -> tuple[CardState, Stored]:
     version = meta.get("v")
     if version is None:  # the whole state in one value
         state = upgrade_state(meta)

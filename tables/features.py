@@ -129,10 +129,10 @@ def new_state() -> CardState:
 _COLUMNS = ("ts", "amt", "mer", "id", "seq")
 
 
-def upgrade_state(state: CardState) -> CardState:
+def upgrade_state(state: dict[str, Any]) -> CardState:
     """Bring a stored state written by an earlier seam (rows under ``"ev"``) to the current layout."""
     if "ev" not in state:
-        return state
+        return state if isinstance(state, CardState) else CardState(state)
     rows = sorted(state["ev"], key=lambda row: (row[1], row[0]))  # [seq, ts, amount, merchant, id]
     upgraded = new_state()
     upgraded["n"], upgraded["prev"] = state["n"], state["prev"]

@@ -13,9 +13,9 @@ from typing import Any
 
 import faust
 
-from app.faust_compat import raw_get
+from app.faust_compat import raw_get, raw_get_many
 from app.settings import Settings
-from tables.card_store import Stored, changes, decode
+from tables.card_store import Stored, changes, decode, decode_many
 from tables.features import CardState
 
 __all__ = ["WATERMARK_KEY", "StateTables"]
@@ -62,6 +62,11 @@ class StateTables:
         table = self.card_state
         header = raw_get(table, key)
         return None if header is None else decode(header, lambda k: raw_get(table, k), key)
+
+    def load_states(self, card_ids: list[str]) -> list[tuple[CardState, Stored] | None]:
+        """:meth:`load_state` for several cards of the current partition, in two batched reads."""
+        table = self.card_state
+        return decode_many([card_id.encode() for card_id in card_ids], lambda keys: raw_get_many(table, keys))
 
     def store_state(self, card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
         """Write what changed in one card's state since ``stored`` (Faust table writes); return the records."""

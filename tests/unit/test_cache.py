@@ -127,6 +127,36 @@ def test_lookups_count_hits_and_misses_and_time_each_table_read(tables: Tables) 
     assert loads == pytest.approx([0.003, 0.001])
 
 
+def test_prefetch_reads_the_missing_cards_together_and_counts_each_as_one_miss(tables: Tables) -> None:
+    """One batched read, in the partition's scope, for the cards not cached (each once, however often it
+    comes); card() then answers from memory, counted as that lookup's miss; the read's time is shared."""
+    now = [100.0]
+    batches: list[tuple[int | None, list[str]]] = []
+
+    def load_cards(card_ids: list[str]) -> list[tuple[CardState, Stored] | None]:
+        batches.append((tables.current, card_ids))
+        now[0] += 0.004
+        return [tables.cards.get((0, card_id)) and (copy.deepcopy(tables.cards[(0, card_id)]),
+                                                    Stored(n=1, held=1)) for card_id in card_ids]
+
+    tables.cards[(0, "stored")] = stored_state(ts=T + 5_000)
+    loads: list[float] = []
+    cache = StateCache(load_card=tables.load_card, load_cards=load_cards, store_card=tables.store_card,
+                       load_watermark=tables.load_watermark, store_watermark=tables.store_watermark,
+                       scope=tables.scope, allowed_lateness_ms=LATENESS_MS, on_load=loads.append,
+                       clock=lambda: now[0])
+    cache.card(0, "cached")
+    cache.prefetch(0, ["stored", "cached", "new", "stored"])
+    assert batches == [(0, ["stored", "new"])] and loads == pytest.approx([0.0, 0.002, 0.002])  # "cached", then both
+    assert cache.watermark(0).max_ts == T + 5_000  # raised to the loaded card's newest event, as card() does
+    assert cache.card(0, "stored") == stored_state(ts=T + 5_000) and cache.card(0, "new") == new_state()
+    cache.card(0, "stored")
+    cache.prefetch(0, ["stored", "new", "cached"])  # all cached: no read
+    assert len(batches) == 1 and tables.ops("load_card") == [(0, "cached")]
+    assert (cache.hits, cache.misses) == (1, 3)
+    assert cache.last_bytes_held == memory_bytes(0) * 2 + memory_bytes(1)
+
+
 def test_unknown_card_is_a_new_state_loaded_once(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache()
     state = cache.card(0, "nobody")

@@ -12,7 +12,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from tables import features
-from tables.card_store import CHUNK_EVENTS, Stored, changes, chunk_key, decode
+from tables.card_store import CHUNK_EVENTS, Stored, changes, chunk_key, decode, decode_many
 from tables.features import DEFAULT_SPEC, CardState, apply_event, memory_bytes, new_state
 
 LATENESS_MS = 60_000
@@ -223,3 +223,29 @@ def test_memory_bytes_is_what_a_loaded_card_takes(events: int) -> None:
     finally:
         tracemalloc.stop()
     assert 0.75 <= measured / memory_bytes(len(loaded["ts"])) <= 1.25, (measured, memory_bytes(len(loaded["ts"])))
+
+
+def test_decode_many_reads_the_headers_then_every_chunk_in_two_batched_reads() -> None:
+    """Several cards of one partition: one read of all headers, one of all their chunks; a card the table
+    does not hold is None; each card decodes as it does alone."""
+    table = Table()
+    cards = {b"quiet": 3, b"busy": 4 * CHUNK_EVENTS + 3, b"full": 2 * CHUNK_EVENTS}
+    for key, count in cards.items():
+        state, stored = new_state(), Stored()
+        table.apply(changes(key, state, stored, fill(state, count, prefix=key.decode())))
+    reads: list[list[bytes]] = []
+
+    def get_many(keys: list[bytes]) -> list[bytes | None]:
+        reads.append(keys)
+        return [table.data.get(key) for key in keys]
+
+    keys = [b"busy", b"nobody", b"quiet", b"full"]
+    loaded = decode_many(keys, get_many)
+    assert reads[0] == keys and len(reads) == 2 and len(reads[1]) == 4 + 2
+    assert loaded[1] is None
+    for key, found in zip(keys, loaded, strict=True):
+        if key in table.data:
+            assert found is not None
+            alone = decode(table.data[key], table.data.get, key)
+            assert found[0] == alone[0] and same(found[1], alone[1])
+    assert decode_many([b"quiet"], get_many)[0] is not None and len(reads) == 3  # no chunk: no second read
