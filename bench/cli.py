@@ -79,6 +79,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.quick:
         return Plan(models, paths, modes, quick=True, sat_records=1_000, sat_cap_s=30.0, ceiling_records=20_000,
                     loads=(0.5,), load_seconds=1.5, warmup_s=0.5, drain_cap_s=2.0, ort_seconds=0.02, cards=500,
+                    capacity_probes=1,
                     seam_env=seam_env)
     return Plan(models, paths, modes, seam_env=seam_env)
 
@@ -122,7 +123,8 @@ async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[st
     with tempfile.TemporaryDirectory(prefix="seam-bench-") as tmp, Progress(*columns, console=console) as progress:
         results = await run_all(plan, bootstrap, Path(tmp), progress, progress.console.print)
     results["plan"] = {name: getattr(plan, name) for name in (
-        "quick", "sat_records", "sat_cap_s", "ceiling_records", "load_seconds", "warmup_s", "drain_cap_s", "cards")}
+        "quick", "sat_records", "sat_cap_s", "ceiling_records", "load_seconds", "warmup_s", "drain_cap_s", "cards",
+        "capacity_probes")}
     results["plan"]["loads"] = list(plan.loads)
     results["plan"]["seam_env"] = plan.seam_env
     results["command"] = command

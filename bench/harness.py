@@ -10,6 +10,10 @@ Per pipeline mode and model, one worker process on fresh topics:
    fractions of seam's (adaptive) saturation rate for this model, ``Plan.load_seconds`` each. Latency is the
    prediction's broker append time minus the input record's timestamp. Inputs still unanswered
    ``Plan.drain_cap_s`` after the load stops count at their age then, as lower bounds.
+3. **Live capacity** (seam adaptive): the highest open-loop rate at which its lag stays bounded
+   (:func:`kept_up`), bisected in ``Plan.capacity_probes`` more phases between the highest load point that
+   kept up and the lowest that did not (or its own saturation rate). Backlog saturation says how fast a
+   worker drains a queue; live capacity says how much live traffic it can take.
 
 A backlog left by a mode that could not keep up is deleted from the input topic (``delete_records``) before
 the next phase, so each phase starts from an empty queue. A run's topics are deleted when it ends, so every
@@ -39,6 +43,7 @@ from app.loadgen import produce
 from app.localhost import Subprocess, free_port, worker_argv, worker_env
 from app.synthetic import TransactionGenerator
 from app.topics import ensure_topics
+from bench.capacity import next_probe
 from bench.job import Expected, compare, feature_log_by_id, load_model, reference
 from bench.kafka import (
     PARTITIONS,
@@ -74,6 +79,7 @@ class Plan:
     sat_cap_s: float = 6.0
     ceiling_records: int = 150_000
     loads: tuple[float, ...] = (0.25, 0.5, 0.8)
+    capacity_probes: int = 3  # bisection phases for seam adaptive's live capacity (0: none)
     load_seconds: float = 6.0
     warmup_s: float = 1.0
     drain_cap_s: float = 3.0
@@ -292,6 +298,19 @@ class Bench:
                     point = await self._load(run, watch, generator, fraction, rate)
                     result["latency"].append(point)
                     backlog = point["unanswered"] > 0
+                if mode == "seam-adaptive" and base and self.plan.capacity_probes:
+                    probes = list(result["latency"])
+                    for _ in range(self.plan.capacity_probes):
+                        low, high = next_probe(probes, own)
+                        if backlog:
+                            await self._restart(run, watch, generator)
+                        point = await self._load(run, watch, generator, (low + high) / 2 / base, (low + high) / 2)
+                        probes.append(point)
+                        backlog = point["unanswered"] > 0
+                    low, high = next_probe(probes, own)
+                    result["live_capacity"] = {"events_per_s": round(low), "did_not_keep_up_at": round(high),
+                                               "of_saturation": round(low / own, 3) if own else None,
+                                               "probes": probes[len(result["latency"]):]}
         finally:
             run.stop()
             await delete_topics(self.bootstrap, run.suffix)

@@ -10,6 +10,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.capacity import kept_up
+
 __all__ = ["machine", "markdown", "model_info", "plots", "replace_section", "targets", "write_json",
            "write_markdown"]
 
@@ -120,6 +122,19 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         bare = _sat(results, model, "seam-no-metrics")
         if bare:
             add(f"metrics cost ≤ 2 % at saturation ({model} model)", seam / bare, 0.98, f"{seam:,.0f} / {bare:,.0f}")
+        live = results["modes"][model].get("seam-adaptive", {}).get("live_capacity")
+        if live and live.get("of_saturation") is not None:
+            add(f"live capacity ≥ 80 % of backlog saturation ({model} model)", live["of_saturation"], 0.8,
+                f"{live['events_per_s']:,} / {seam:,.0f} events/s (did not keep up at {live['did_not_keep_up_at']:,})")
+        passthrough = results.get("ceiling_a", {}).get("latency") if model == next(iter(results["modes"])) else None
+        for point, base in zip(results["modes"][model].get("seam-adaptive", {}).get("latency", []), passthrough or [],
+                               strict=False):
+            if point.get("p99_ms") is None or base.get("p99_ms") is None:
+                continue
+            add(f"live {point['load']:.0%}: keeps up, p99 ≤ 50 ms SLA + the passthrough's p99 ({model} model)",
+                point["p99_ms"] - base["p99_ms"] if kept_up(point) else float("inf"), 50.0,
+                f"{point['p99_ms']:,.0f} ms vs {base['p99_ms']:,.0f} ms + 50 at {point['offered_per_s']:,}/s"
+                + ("" if kept_up(point) else ", fell behind"), higher=False)
         quix = _sat(results, model, "quix")
         if quix:
             goal = 1.0 if model == "default" else 5.0
@@ -171,6 +186,10 @@ record). Every mode computes the features with `tables/features.py` and writes s
   mode still busy after {sat_cap_s:g} s is measured on what it produced by then. An unmeasured seam adaptive
   run, the same as the measured one, comes first, so no mode pays for the freshly started broker's
   warm-up, and each run's topics are deleted when it ends.
+- **Live capacity:** between the highest load point at which seam adaptive kept up and the lowest at which
+  it did not (or its saturation rate), {capacity_probes} more phases bisect the highest rate at which its
+  lag stays bounded: every input answered within the drain cap, and the p99 of the phase's last second
+  at most 50 ms above the highest of its first two.
 - **Latency:** open-loop load (`app/loadgen.py`: a fixed schedule whether or not the mode keeps up) at
   {loads_pct} of seam adaptive's saturation rate for that model, {warmup_s:g} s of warm-up then {load_seconds:g} s
   measured. Latency = the prediction's broker append time minus the input's broker append time (both
@@ -244,8 +263,8 @@ def markdown(results: dict[str, Any], image_dir: Path | None = None, doc_dir: Pa
         f"{m['memory_gib']} GiB, Python {m['python']}, Kafka {m['kafka']} (one local broker), load average at the "
         f"start {', '.join(map(str, m['load_average']))}. All modes ran in this one run, one after the other, on "
         "the same broker, input records and models.", "",
-        *METHOD.format(**{"warmup_s": 1.0, **plan}, loads_pct=", ".join(f"{x:.0%}" for x in plan["loads"])
-                       ).splitlines(), "",
+        *METHOD.format(**{"warmup_s": 1.0, "capacity_probes": 0, **plan},
+                       loads_pct=", ".join(f"{x:.0%}" for x in plan["loads"])).splitlines(), "",
         _correctness(results), "",
     ]
     ceiling = results.get("ceiling_a", {}).get("saturation", {}).get("events_per_s")
@@ -276,6 +295,14 @@ def markdown(results: dict[str, Any], image_dir: Path | None = None, doc_dir: Pa
                              + " | ".join(_fmt_latency(point, n) for n in ("p50", "p95", "p99", "p99.9"))
                              + f" | {point['unanswered']:,} |")
         lines.append("")
+        live = modes.get("seam-adaptive", {}).get("live_capacity")
+        if live:
+            share = f" ({live['of_saturation']:.0%} of its backlog saturation)" if live.get("of_saturation") else ""
+            lines += [f"Live capacity of seam adaptive: **{live['events_per_s']:,} events/s**{share}, the highest "
+                      f"open-loop rate at which its lag stayed bounded; it fell behind at "
+                      f"{live['did_not_keep_up_at']:,}/s (probes: " + ", ".join(
+                          f"{p['offered_per_s']:,}/s {'kept up' if kept_up(p) else 'behind'}, p99 "
+                          + _fmt_latency(p, "p99") + " ms" for p in live["probes"]) + ").", ""]
     lines += _stages(results)
     lines += ["### Targets", "", "| target | measured | met |", "|---|---|:---:|"]
     lines += [f"| {t['target']} | {t['detail']} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]

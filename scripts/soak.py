@@ -4,6 +4,7 @@
     .venv/bin/python scripts/soak.py --rate 3000 --cards 100000 --duration 1800   # the 30-minute run
     .venv/bin/python scripts/soak.py --rate 4000 --cards 20000 --duration 60      # a one-minute probe
     .venv/bin/python scripts/soak.py --duration 900 --time-lapse 32               # four horizons in 15 min
+    .venv/bin/python scripts/soak.py --plot soak.png plain=a.json lapse=b.json     # p99 and RSS per window
 
 It starts a local broker on ``--port`` unless one answers there (and stops only one it started), creates
 fresh topics (outputs with ``LogAppendTime``), starts ``seam worker`` with ``--seam-env`` settings, sends
@@ -211,6 +212,29 @@ def verdict(windows: list[Window], report: list[dict[str, Any]], span: int = 5) 
             "memory_flat": growth <= 0.05}
 
 
+def plot(out: Path, runs: list[str]) -> None:
+    """p99 and resident memory per window of earlier runs (``NAME=FILE``, as ``--out`` wrote them), one figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (p99, rss) = plt.subplots(1, 2, figsize=(11, 4))
+    for run in runs:
+        name, _, path = run.partition("=")
+        rows = json.loads(Path(path).read_text())
+        windows = [row["window"] + 1 for row in rows]
+        p99.plot(windows, [row["p99_ms"] for row in rows], marker=".", label=name)
+        rss.plot(windows, [row["rss_mb"] for row in rows], marker=".", label=name)
+    p99.set(xlabel="window (minute)", ylabel="p99 ms", yscale="log", title="p99 latency per window")
+    rss.set(xlabel="window (minute)", ylabel="MB", title="worker resident memory")
+    for ax in (p99, rss):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=3000.0, help="events per second, open loop")
@@ -226,7 +250,12 @@ def main() -> None:
                         help="event time runs K times faster than the wall clock (K >= 1)")
     parser.add_argument("--worker-root", type=Path, default=ROOT,
                         help="run the worker from this checkout (to compare versions in one environment)")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="only plot earlier runs given as NAME=FILE")
+    parser.add_argument("runs", nargs="*", metavar="NAME=FILE", help="with --plot: the runs' --out files")
     args = parser.parse_args()
+    if args.plot:
+        plot(args.plot, args.runs)
+        return
     if args.time_lapse < 1:
         parser.error("--time-lapse must be >= 1")
     started_broker = False

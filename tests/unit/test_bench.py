@@ -10,6 +10,7 @@ import pytest
 
 from agents.codec import feature_record
 from app.synthetic import TransactionGenerator
+from bench.capacity import kept_up, next_probe
 from bench.harness import latency_percentiles, steady_rate, worker_stages
 from bench.job import (
     THRESHOLD,
@@ -152,3 +153,22 @@ def test_a_phase_is_what_a_histogram_observed_between_two_reads() -> None:
     assert phase.count == 100
     assert phase.max_bound() == 0.05 and phase.quantile(0.5) == 0.01
     assert worker_stages(observed) == {"loop_lag_max_ms": 50.0}
+
+
+def _phase(offered: int, by_second: list[float], unanswered: int = 0) -> dict[str, object]:
+    return {"offered_per_s": offered, "unanswered": unanswered, "p99_ms_by_second": by_second}
+
+
+def test_a_phase_kept_up_when_everything_was_answered_and_its_tail_did_not_climb() -> None:
+    assert kept_up(_phase(1000, [40, 60, 45, 50, 90]))  # 90 <= 60 + 50
+    assert not kept_up(_phase(1000, [40, 60, 45, 80, 111]))  # the queue grew: 111 > 60 + 50
+    assert not kept_up(_phase(1000, [40, 40, 40], unanswered=1))
+    assert not kept_up({"load": 0.8, "offered_per_s": 9000, "overloaded": True})
+
+
+def test_the_capacity_bracket_lies_between_the_fastest_kept_up_and_the_slowest_above_it() -> None:
+    points = [_phase(2000, [20, 20, 30]), _phase(4000, [30, 30, 40]), _phase(6000, [30, 200, 900]),
+              _phase(8000, [30, 30, 40], unanswered=5)]
+    assert next_probe(points, 10_000) == (4000, 6000)
+    assert next_probe(points[:2], 10_000) == (4000, 10_000)  # all kept up: up to its saturation
+    assert next_probe([_phase(2000, [20, 500, 900])], 10_000) == (0, 2000)
