@@ -64,8 +64,9 @@ class Boundary(Protocol):
 
 HANDLE_STEP_S = 0.002  # the most handling work in one event-loop turn, across batches (checked per 16 records)
 HANDLE_CHECK_EVERY = 16
-# Records decoded ahead, whose cards the cache does not hold are then read together (StateCache.prefetch).
-PREFETCH_RECORDS = 64
+# Records decoded ahead, whose cards the cache does not hold are then read together (StateCache.prefetch):
+# as many as between two checks of the step's time, so the reads of a step's misses stay in that step.
+PREFETCH_RECORDS = HANDLE_CHECK_EVERY
 
 
 def _now_ms() -> int:
