@@ -117,23 +117,22 @@ def raw_get(table: Any, key: bytes) -> bytes | None:
 
     One RocksDB read: a Faust table's ``get`` checks that the key exists and then reads it (two).
     """
-    store = table.data
-    event = faust_current_event()
-    if event is not None and uses_rocksdict(store):
-        value: bytes | None = rocksdb_partition(store, event.message.partition).get(key)
-        return value
-    found: bytes | None = table.get(key)
+    db = _current_partition_db(table.data)
+    found: bytes | None = table.get(key) if db is None else db.get(key)
     return found
 
 
 def raw_get_many(table: Any, keys: list[bytes]) -> list[bytes | None]:
     """:func:`raw_get` for several keys: one multi-key RocksDB read (rocksdict's ``get`` of a list)."""
-    store = table.data
+    db = _current_partition_db(table.data)
+    values: list[bytes | None] = [table.get(key) for key in keys] if db is None else db.get(keys)
+    return values
+
+
+def _current_partition_db(store: Any) -> Any:
+    """The rocksdict database of the current event's partition, or None (no event, or another store)."""
     event = faust_current_event()
-    if event is not None and uses_rocksdict(store):
-        values: list[bytes | None] = rocksdb_partition(store, event.message.partition).get(keys)
-        return values
-    return [table.get(key) for key in keys]
+    return rocksdb_partition(store, event.message.partition) if event is not None and uses_rocksdict(store) else None
 
 
 def rocksdb_partitions(store: Any) -> Mapping[int, Any]:

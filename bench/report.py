@@ -10,13 +10,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench.capacity import kept_up
+from bench.capacity import SLA_MS, kept_up
 
 __all__ = ["machine", "markdown", "model_info", "plots", "replace_section", "targets", "write_json",
            "write_markdown"]
 
 SECTION = "## End to end"
-SLA_MS = 50.0  # seam's default SEAM_SLA_MS, which the benchmark's seam workers run with
 LABELS = {"seam-adaptive": "seam adaptive", "seam-no-metrics": "seam adaptive, no metrics",
           "seam-fixed": "seam fixed bounds",
           "seam-exactly-once": "seam exactly once", "seam-stream": "seam, stream ingest",
@@ -131,9 +130,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                                strict=False):
             if point.get("p99_ms") is None or base.get("p99_ms") is None:
                 continue
-            add(f"live {point['load']:.0%}: keeps up, p99 ≤ 50 ms SLA + the passthrough's p99 ({model} model)",
-                point["p99_ms"] - base["p99_ms"] if kept_up(point) else float("inf"), 50.0,
-                f"{point['p99_ms']:,.0f} ms vs {base['p99_ms']:,.0f} ms + 50 at {point['offered_per_s']:,}/s"
+            add(f"live {point['load']:.0%}: keeps up, p99 ≤ {SLA_MS:g} ms SLA + the passthrough's p99 ({model} model)",
+                point["p99_ms"] - base["p99_ms"] if kept_up(point) else float("inf"), SLA_MS,
+                f"{point['p99_ms']:,.0f} ms vs {base['p99_ms']:,.0f} ms + {SLA_MS:g} at {point['offered_per_s']:,}/s"
                 + ("" if kept_up(point) else ", fell behind"), higher=False)
         quix = _sat(results, model, "quix")
         if quix:

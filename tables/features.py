@@ -59,7 +59,7 @@ HOT_EVENTS = 96  # a card holding this many events gets a _WindowIndex (below, s
 # What a card's state costs in memory, measured with tracemalloc on decoded states (synthetic cards:
 # ids of about 20 characters, interned merchants): the dict, its lists and the cache's entries; each
 # event held (five list slots, its id, time, amount and arrival number); an indexed event's share
-# of the index (an id-set slot, a prefix sum). tests/unit/test_features.py holds them to the measure.
+# of the index (an id-set slot, a prefix sum). tests/unit/test_card_store.py holds them to the measure.
 CARD_BYTES = 1_500
 EVENT_BYTES = 190
 INDEXED_EVENT_BYTES = 100
@@ -150,7 +150,7 @@ def event_ids(state: CardState) -> list[str]:
 def has_event(state: CardState, event_id: str) -> bool:
     """Say whether ``state`` holds the event ``event_id`` (applied and not yet evicted)."""
     index = state.index if isinstance(state, CardState) else None
-    if index is not None and index.stamp == (state["n"], len(state["ts"])):
+    if index is not None and index.fits(state):
         return event_id in index.ids
     return event_id in state["id"]
 
@@ -210,7 +210,7 @@ def replayable(state: CardState, ts_ms: int, *, allowed_lateness_ms: int, spec: 
 def _index_of(state: CardState, spec: FeatureSpec) -> _WindowIndex | None:
     """The window index of a card holding ``HOT_EVENTS`` events or more: kept, or built from its columns."""
     index = state.index
-    if index is not None and index.spec is spec and index.stamp == (state["n"], len(state["ts"])):
+    if index is not None and index.spec is spec and index.fits(state):
         return index
     state.index = index = _WindowIndex(state, spec) if state["ts"] else None
     return index
@@ -264,7 +264,7 @@ def _features(state: CardState, pos: int, spec: FeatureSpec) -> tuple[float, ...
         total = fsum(window)
         mean = means[w] = total / (hi - lo)
         out += [float(hi - lo), total, mean, float(max(window))]
-    prev = state["prev"]
+    prev = state["prev"]  # _secs_since_prev, inlined on the path most events take
     if pos:
         out.append((ts_ms - times[pos - 1]) / 1000.0)
     elif prev is not None and prev <= ts_ms:
@@ -300,6 +300,7 @@ def _indexed_features(state: CardState, pos: int, spec: FeatureSpec, index: _Win
 
 
 def _secs_since_prev(state: CardState, pos: int) -> float:
+    """Seconds from the event at ``pos`` back to the latest earlier-arrived one at or before it (-1: none)."""
     ts_ms = state["ts"][pos]
     prev = state["prev"]
     if pos:
@@ -388,6 +389,10 @@ class _WindowIndex:
             self.merchants[merchant] = self.merchants.get(merchant, 0) + 1
         self.stamp = (state["n"], len(times))
 
+    def fits(self, state: CardState) -> bool:
+        """Whether the index is of ``state`` as it is now (every change went through :func:`apply_event`)."""
+        return self.stamp == (state["n"], len(state["ts"]))
+
     def insert(self, state: CardState, pos: int) -> None:
         """Take in the event just inserted at ``pos``."""
         amounts: list[float] = state["amt"]
@@ -465,7 +470,6 @@ class _WindowIndex:
             elif held and held + change == 0:
                 distinct -= 1
         return distinct
-
 
 
 class Watermark:

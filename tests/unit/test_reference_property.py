@@ -24,7 +24,7 @@ from agents.ingest import RecordBatch
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from app.synthetic import TransactionGenerator
 from tables.cache import StateCache
-from tables.card_store import Stored, changes, decode
+from tables.card_store import Stored, changes, decode, decode_many
 from tables.features import DEFAULT_SPEC, CardState, apply_event, has_event, memory_bytes, new_state, replayable
 from tests.reference import Late, Scored, replay
 
@@ -101,6 +101,12 @@ class Tables:
         header = self.cards.get((partition, key))
         return None if header is None else decode(header, lambda k: self.cards.get((partition, k)), key)
 
+    def load_cards(self, card_ids: list[str]) -> list[tuple[CardState, Stored] | None]:
+        """Several cards in two batched reads (tables.card_store.decode_many), as a worker's prefetch reads them."""
+        partition = self._partition()
+        return decode_many([card_id.encode() for card_id in card_ids],
+                           lambda keys: [self.cards.get((partition, key)) for key in keys])
+
     def store_card(self, card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
         writes = changes(card_id.encode(), state, stored, touched)
         for key, value in writes:
@@ -118,7 +124,8 @@ class Tables:
 
     def new_cache(self, max_clean_cards: int = 100_000) -> StateCache:
         """A fresh StateCache over these tables: what a restarted worker builds after restoring them."""
-        return StateCache(load_card=self.load_card, store_card=self.store_card, load_watermark=self.load_watermark,
+        return StateCache(load_card=self.load_card, load_cards=self.load_cards, store_card=self.store_card,
+                          load_watermark=self.load_watermark,
                           store_watermark=self.store_watermark, scope=self.scope, allowed_lateness_ms=LATENESS_MS,
                           max_clean_bytes=max_clean_cards * memory_bytes(0))  # about that many cards
 
