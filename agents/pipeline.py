@@ -167,7 +167,7 @@ class Pipeline:
                 continue
             if watermark.observe(tx.ts):
                 cache.touch_watermark(partition)
-            applied = apply_event(state, tx.id, tx.ts, tx.amount, tx.merchant_id, allowed_lateness_ms=lateness_ms)
+            applied = apply_event(state, tx.id, tx.ts, (tx.amount, tx.merchant_id), allowed_lateness_ms=lateness_ms)
             if not applied.duplicate:
                 cache.touch(partition, tx.card_id, tx.ts)
             items.append((applied.features, ScoringItem(tx, applied.features, batch, record, cache.epoch)))

@@ -1,5 +1,5 @@
-"""seam's own commands beside Faust's (``seam produce``, ``seam bench``, ``seam model``), added to an app by
-:func:`register`."""
+"""seam's own commands beside Faust's (``seam produce``, ``seam bench``, ``seam model``, ``seam spec``), added to
+an app by :func:`register`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import functools
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -22,12 +23,14 @@ from app.loadgen import produce
 from app.settings import Settings
 from app.synthetic import TransactionGenerator
 from app.topics import ensure_topics
+from tables.spec import SpecError, load_spec
+from tables.spec import describe as describe_spec
 
 __all__ = ["register"]
 
 
 def register(app: faust.App, settings: Settings) -> None:
-    """Add ``seam produce``, ``seam bench`` and ``seam model`` to ``app``'s command line."""
+    """Add ``seam produce``, ``seam bench``, ``seam model`` and ``seam spec`` to ``app``'s command line."""
 
     @app.command(
         option("--rate", type=float, default=1000.0, show_default=True, help="Transactions per second."),
@@ -135,6 +138,33 @@ def register(app: faust.App, settings: Settings) -> None:
         except DeploymentError as exc:
             raise SystemExit(f"seam model {action}: {exc}") from None
         self.say(describe(updated, source=f"written to {topic}"))
+
+    @app.command(
+        argument("action", type=click.Choice(("check",))),
+        argument("spec_path", metavar="SPEC"),
+        argument("model_path", metavar="[MODEL]", required=False),
+        name="spec",
+    )
+    async def spec_command(self: AppCommand, action: str, spec_path: str, model_path: str | None) -> None:
+        """Check a feature spec (SEAM_FEATURE_SPEC's format) and, given a model, that the model takes its features.
+
+        \b
+        seam spec check SPEC           the spec's features, in model order, or what is wrong and where
+        seam spec check SPEC MODEL     also: the model's feature_names are the spec's, in order
+        """
+        try:
+            spec = load_spec(spec_path)
+        except SpecError as exc:
+            raise SystemExit(f"seam spec check: {exc}") from None
+        self.say(f"{spec_path}: {describe_spec(spec)}")
+        if model_path is not None:
+            from agents.runtime import ModelContractError, ModelRuntime
+
+            try:
+                runtime = ModelRuntime.load(Path(model_path), feature_names=spec.names, device="cpu")
+            except (ModelContractError, OSError) as exc:
+                raise SystemExit(f"seam spec check: model {model_path} does not fit {spec_path}: {exc}") from None
+            self.say(f"{model_path}: model {runtime.info.tag} takes these {len(spec.names)} features, in this order")
 
 
 MODEL_ACTIONS = ("deploy", "promote", "rollback", "shadow", "status")

@@ -61,7 +61,7 @@ def prepare(raw: bytes | None, key: bytes | None, *, topic: str, partition: int,
                                                       routed_at_ms=int(time.time() * 1000)))
     watermark.observe(tx.ts)
     state = load(tx.card_id) or new_state()
-    applied = apply_event(state, tx.id, tx.ts, tx.amount, tx.merchant_id, allowed_lateness_ms=LATENESS_MS)
+    applied = apply_event(state, tx.id, tx.ts, (tx.amount, tx.merchant_id), allowed_lateness_ms=LATENESS_MS)
     store(tx.card_id, state)
     return Prepared("prediction", tx, applied.features)
 

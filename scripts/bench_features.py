@@ -38,7 +38,7 @@ def run(events: list[dict], batch_size: int, lateness_ms: int) -> tuple[float, i
             state = states.get(card)
             if state is None:
                 state = states[card] = new_state()
-            apply_event(state, tx["id"], tx["ts"], tx["amount"], tx["merchant_id"], allowed_lateness_ms=lateness_ms)
+            apply_event(state, tx["id"], tx["ts"], (tx["amount"], tx["merchant_id"]), allowed_lateness_ms=lateness_ms)
     return time.perf_counter() - started, late, max(len(s["ts"]) for s in states.values())
 
 
@@ -50,10 +50,10 @@ def per_event_us(in_window: int, measured: int, seed: int = 5) -> tuple[float, i
     events = [(f"e{i}", int(i * step_ms + rng.uniform(-1000, 0)), rng.uniform(1, 500), f"m-{rng.randrange(50)}")
               for i in range(in_window + measured)]
     for event_id, ts, amount, merchant in events[:in_window]:  # fill the window, unmeasured
-        apply_event(state, event_id, ts, amount, merchant, allowed_lateness_ms=60_000)
+        apply_event(state, event_id, ts, (amount, merchant), allowed_lateness_ms=60_000)
     started = time.perf_counter()
     for event_id, ts, amount, merchant in events[in_window:]:
-        apply_event(state, event_id, ts, amount, merchant, allowed_lateness_ms=60_000)
+        apply_event(state, event_id, ts, (amount, merchant), allowed_lateness_ms=60_000)
     return (time.perf_counter() - started) / measured * 1e6, len(state["ts"])
 
 

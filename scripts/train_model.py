@@ -46,7 +46,7 @@ def build_dataset(events: int, cards: int, seed: int, lateness_s: float) -> tupl
             continue
         watermark.observe(tx["ts"])
         state = states.setdefault(tx["card_id"], new_state())
-        applied = apply_event(state, tx["id"], tx["ts"], tx["amount"], tx["merchant_id"],
+        applied = apply_event(state, tx["id"], tx["ts"], (tx["amount"], tx["merchant_id"]),
                               allowed_lateness_ms=watermark.allowed_lateness_ms)
         rows.append(applied.features)
         labels.append(1.0 if fraud else 0.0)

@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager
 from typing import TypeVar
 
 from tables.card_store import Stored, events_held
-from tables.features import CardState, Watermark, memory_bytes, new_state
+from tables.features import DEFAULT_SPEC, CardState, FeatureSpec, Watermark, memory_bytes, new_state
 
 __all__ = ["StateCache"]
 
@@ -58,6 +58,7 @@ class StateCache:
         on_load: Callable[[float], object] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         load_cards: LoadCards | None = None,
+        spec: FeatureSpec = DEFAULT_SPEC,
     ) -> None:
         """``on_load(seconds)`` is told how long each card read from the table took (a miss; a batched
         read's time is shared among its cards)."""
@@ -87,6 +88,7 @@ class StateCache:
         self._trims = 0
         self._on_load = on_load
         self._clock = clock
+        self._spec = spec
 
     def card(self, partition: int, card_id: str) -> CardState:
         """The card's state (from the cache, else the table, else new); mark it changed with touch()."""
@@ -132,7 +134,7 @@ class StateCache:
             self._prefetched.add((partition, card_id))
 
     def _install(self, partition: int, card_id: str, loaded: tuple[CardState, Stored] | None) -> CardState:
-        state, stored = loaded if loaded is not None else (new_state(), Stored())
+        state, stored = loaded if loaded is not None else (new_state(self._spec), Stored())
         self.last_events_held += stored.held
         self.last_bytes_held += memory_bytes(stored.held)
         if state["ts"]:

@@ -10,7 +10,9 @@ split by *count*, along event time:
   "c": [[first chunk, last chunk], ...], "t": <tail start ts>, "k": <next chunk number>,
   "e": <tail>}``: the chunk numbers as runs of consecutive numbers (one run, usually: the header's
   size does not grow with the chunks), and the tail, the card's newest events (those at or after the
-  tail start), fewer than ``CHUNK_EVENTS`` of them, as parallel lists ``[ts, amt, mer, id, seq]``;
+  tail start), fewer than ``CHUNK_EVENTS`` of them, as parallel lists ``[ts, <value columns>, id, seq]``
+  (the value columns of ``tables.features``: one per field the spec's features read), and ``"pv"``, the
+  values of the event at ``prev``, when known;
 * ``<card id>\\x00c<chunk>`` holds one sealed chunk's events, in the same form. Chunk ``i`` holds the
   events from its start up to the next chunk's start (the first chunk from the lowest time, the last up
   to the tail start). Chunk numbers grow along event time; a loaded chunk starts at its first event.
@@ -53,7 +55,6 @@ from tables.features import CardState, new_state, upgrade_state
 __all__ = ["CHUNK_EVENTS", "Stored", "chunk_key", "changes", "decode", "decode_many", "events_held"]
 
 CHUNK_EVENTS = 32
-_COLUMNS = ("ts", "amt", "mer", "id", "seq")
 _SEPARATOR = b"\x00"  # assumes card ids without NUL, which input validation does not check yet (see above)
 _V2_BUCKET_MS = 60_000  # the per-minute buckets of the previous layout
 
@@ -109,8 +110,8 @@ def _decode(meta: dict[str, Any], get: Callable[[bytes], bytes | None], card_key
     if version is None:  # the whole state in one value
         state = upgrade_state(meta)
         return state, Stored(n=state["n"], held=len(state["ts"]), legacy=[])
-    state = new_state()
-    state["n"], state["prev"] = meta["n"], meta["prev"]
+    state = new_state(2 if version == 2 else len(meta["e"]) - 3)  # the layout of per-minute buckets had two
+    state["n"], state["prev"], state["pv"] = meta["n"], meta["prev"], meta.get("pv")
     if version == 2:
         keys = [card_key + _SEPARATOR + str(bucket).encode() for bucket in sorted(meta["b"])]
         legacy = [key for key in keys if _extend(state, get(key))]
@@ -138,12 +139,12 @@ def _extend(state: CardState, value: bytes | None) -> bool:
 
 
 def _extend_columns(state: CardState, columns: list[list[Any]]) -> None:
-    ts, amt, mer, ids, seq = columns
-    state["ts"].extend(ts)
-    state["amt"].extend(amt)
-    state["mer"].extend(map(sys.intern, mer))  # as decoded events have them: one object per merchant
-    state["id"].extend(ids)
-    state["seq"].extend(seq)
+    state["ts"].extend(columns[0])
+    for held, values in zip(state["values"], columns[1:-2], strict=True):
+        # Strings as decoded events have them: one object per value (a merchant, a country) however often it repeats.
+        held.extend(map(sys.intern, values) if values and isinstance(values[0], str) else values)
+    state["id"].extend(columns[-2])
+    state["seq"].extend(columns[-1])
 
 
 def changes(card_key: bytes, state: CardState, stored: Stored, touched: Iterable[int]) -> list[Write]:
@@ -189,7 +190,9 @@ def changes(card_key: bytes, state: CardState, stored: Stored, touched: Iterable
         lo = cut
     stored.tail, stored.n, stored.held = tail, state["n"], len(times)
     header = {"v": 3, "n": state["n"], "prev": state["prev"], "c": _runs(chunks), "t": tail, "k": stored.next_chunk,
-              "e": [state[column][lo:] for column in _COLUMNS]}
+              "e": _columns(state, lo, len(times))}
+    if state["pv"] is not None:
+        header["pv"] = state["pv"]
     writes.append((card_key, orjson.dumps(header)))
     # After the header: a crash between them leaves an unlisted chunk, never a listed one missing.
     writes += [(key, None) for key in gone]
@@ -220,8 +223,12 @@ def _runs(chunks: list[list[int]]) -> list[list[int]]:
     return runs
 
 
+def _columns(state: CardState, lo: int, hi: int) -> list[list[Any]]:
+    return [state["ts"][lo:hi], *(values[lo:hi] for values in state["values"]), state["id"][lo:hi], state["seq"][lo:hi]]
+
+
 def _encode(state: CardState, lo: int, hi: int) -> bytes:
-    return orjson.dumps([state[column][lo:hi] for column in _COLUMNS])
+    return orjson.dumps(_columns(state, lo, hi))
 
 
 def events_held(state: CardState) -> int:

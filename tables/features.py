@@ -1,53 +1,60 @@
-"""Event-time-correct per-card features, kept as compact state (pure code, no Faust).
+"""Event-time-correct per-key features of any feature spec, kept as compact state (pure code, no Faust).
 
-The feature of a transaction ``e`` of card ``k`` is computed over ``S_W``: the transactions of ``k`` that
-were applied to state before ``e`` or are ``e`` itself (arrival order), whose event time lies in the
+The feature of an event ``e`` of key ``k`` is computed over ``S_W``: the events of ``k`` that were
+applied to state before ``e`` or are ``e`` itself (arrival order), whose event time lies in the
 window ``(e.ts - W, e.ts]``. Events that arrived earlier but carry a later ``ts`` are excluded, so a
-feature describes the moment of the event it scores, whatever the arrival order.
+feature describes the moment of the event it scores, whatever the arrival order. What each operation
+computes over ``S_W`` is declared in :data:`tables.spec.OPERATIONS`; a spec (:class:`tables.spec.FeatureSpec`)
+names the features, in model order.
 
-State per card is one small JSON-friendly dict (a Faust table value) of parallel lists sorted by
+State per key is one small JSON-friendly dict (a Faust table value) of parallel lists sorted by
 event time (ties in arrival order)::
 
-    {"n": <arrival counter>, "prev": <max ts evicted, or None>,
-     "ts": [ms, ...], "amt": [amount, ...], "mer": [merchant_id, ...], "id": [event_id, ...],
-     "seq": [arrival number, ...]}
+    {"n": <arrival counter>, "prev": <max ts evicted, or None>, "pv": <that event's values, or None>,
+     "ts": [ms, ...], "id": [event_id, ...], "seq": [arrival number, ...],
+     "values": [[value, ...], ...]}
 
-A new event is inserted with ``bisect``; every event already in the state arrived before it, so its
+``values`` holds one column per field the spec's features read (``spec.stored``, in that order). A new
+event is inserted with ``bisect``; every event already in the state arrived before it, so its
 windows are index ranges found by bisection and its aggregates are C-level ``sum``/``max``/``set``
 over list slices. Only a redelivered event (its id is already in the state) takes the slow path that
 also filters by arrival number, so it is scored with exactly the features it had the first time.
 
-Eviction keeps the state bounded without changing any result. A future event of this card that is not
-late has ``ts >= card_max_ts - allowed_lateness`` (the partition's watermark is at least that), so it
-never needs anything at or below ``card_max_ts - allowed_lateness - W`` (``W`` the largest window). A
+Eviction keeps the state bounded without changing any result. A future event of this key that is not
+late has ``ts >= key_max_ts - allowed_lateness`` (the partition's watermark is at least that), so it
+never needs anything at or below ``key_max_ts - allowed_lateness - W`` (``W`` the largest window). A
 *redelivered* event is scored again from the state only while it lies within that same replay horizon
 (:func:`replayable`); older redeliveries are below the watermark and go to the late topic like any
 late event. Replaying an event at the horizon needs one more window of context, so the state keeps
-events down to ``card_max_ts - allowed_lateness - 2·W`` and evicts the rest (a large state, once they
-are a 32nd of it). ``prev`` keeps the
-highest evicted time for ``secs_since_prev``.
+events down to ``key_max_ts - allowed_lateness - 2·W`` and evicts the rest (a large state, once they
+are a 32nd of it). ``prev`` and ``pv`` keep the highest evicted time and that event's values, for
+``since_prev`` and ``last``.
 
-Sums are correctly rounded (the exact sum of the window's amounts, rounded once), so every way of
-computing a window gives the same float: a redelivered event gets exactly its first features.
+Sums and variances are exact, rounded once (the exact sum of the window's values; the exact
+population variance, whose square root is ``std``), so every way of computing a window gives the same
+float: a redelivered event gets exactly its first features.
 
-Hot keys. Slices cost what a window holds, so a card with thousands of events per window would pay
-that on every event. Once a card holds ``HOT_EVENTS`` events it gets a :class:`_WindowIndex`, kept in
-memory beside the state (never stored: it is rebuilt from the columns when a loaded card turns hot):
-the set of its ids, exact prefix sums of its amounts (fixed-point integers), the staircase of
-suffix maxima for ``max`` and, for distinct merchants, the merchant counts of the window that ends at
-the card's highest time. A new event's windows then cost a bisection, two subtractions and a
-staircase lookup each, and its distinct count is that anchored count corrected by the events between
-the two windows' edges: work that grows with how far out of order it arrived, not with the window.
-The index changes no result: the reference tests run with every card hot and with none.
+Hot keys. Slices cost what a window holds, so a key with thousands of events per window would pay
+that on every event. Once a key holds ``HOT_EVENTS`` events it gets a :class:`_WindowIndex`, kept in
+memory beside the state (never stored: it is rebuilt from the columns when a loaded key turns hot):
+the set of its ids, exact prefix sums (and sums of squares) of the columns that are summed, the
+staircases of suffix maxima and minima, and, for each distinct count, the value counts of the window
+that ends at the key's highest time. A new event's windows then cost a bisection, two subtractions and
+a staircase lookup each, and its distinct counts are those anchored counts corrected by the events
+between the two windows' edges: work that grows with how far out of order it arrived, not with the
+window. The index changes no result: the reference tests run with every key hot and with none.
 """
 
 from __future__ import annotations
 
-import hashlib
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from math import fsum
+from math import fsum, sqrt
 from typing import Any
+
+from specs import EXAMPLE_SPEC
+from tables.spec import FeatureSpec, feature_set_version, load_spec
 
 __all__ = [
     "DEFAULT_SPEC", "HOT_EVENTS", "Applied", "CardState", "FeatureSpec", "Watermark", "apply_event", "event_ids",
@@ -55,62 +62,28 @@ __all__ = [
     "latest_features", "memory_bytes", "new_state", "replayable", "upgrade_state",
 ]
 
-HOT_EVENTS = 96  # a card holding this many events gets a _WindowIndex (below, slices are as fast)
-# What a card's state costs in memory, measured with tracemalloc on decoded states (synthetic cards:
-# ids of about 20 characters, interned merchants): the dict, its lists and the cache's entries; each
-# event held (five list slots, its id, time, amount and arrival number); an indexed event's share
-# of the index (an id-set slot, a prefix sum). tests/unit/test_card_store.py holds them to the measure.
+HOT_EVENTS = 96  # a key holding this many events gets a _WindowIndex (below, slices are as fast)
+# What a key's state costs in memory, measured with tracemalloc on decoded states of the example spec
+# (synthetic cards: ids of about 20 characters, interned merchants): the dict, its lists and the cache's
+# entries; each event held (five list slots, its id, time, amount and arrival number); an indexed
+# event's share of the index (an id-set slot, a prefix sum). tests/unit/test_card_store.py holds them
+# to the measure.
 CARD_BYTES = 1_500
 EVENT_BYTES = 190
 INDEXED_EVENT_BYTES = 100
 
+# The example spec (specs/fraud.toml): what a worker computes unless SEAM_FEATURE_SPEC names another.
+DEFAULT_SPEC = load_spec(EXAMPLE_SPEC)
+
 
 class CardState(dict[str, Any]):
-    """A card's state: a plain dict of columns (what is stored), plus its in-memory window index."""
+    """A key's state: a plain dict of columns (what is stored), plus its in-memory window index."""
 
     __slots__ = ("index",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.index: _WindowIndex | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class FeatureSpec:
-    """The feature vector's definition: windows (seconds) and the resulting names, in model order."""
-
-    windows_s: tuple[int, ...] = (60, 600, 3600)
-    distinct_window_s: int = 3600
-    ratio_window_s: int = 3600
-    names: tuple[str, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        windows = set(self.windows_s)
-        if self.distinct_window_s not in windows or self.ratio_window_s not in windows:
-            raise ValueError("distinct_window_s and ratio_window_s must be among windows_s")
-        names: list[str] = []
-        for w in self.windows_s:
-            names += [f"count_{w}", f"amount_sum_{w}", f"amount_mean_{w}", f"amount_max_{w}"]
-        names += ["secs_since_prev", f"distinct_merchants_{self.distinct_window_s}",
-                  f"amount_to_mean_{self.ratio_window_s}"]
-        object.__setattr__(self, "names", tuple(names))
-
-    @property
-    def max_window_ms(self) -> int:
-        return max(self.windows_s) * 1000
-
-    @property
-    def version(self) -> str:
-        """Names the feature set (its names in order): the feature log's records carry it."""
-        return feature_set_version(self.names)
-
-
-def feature_set_version(names: tuple[str, ...]) -> str:
-    """``<count>-<first 12 hex digits of SHA-256 of the comma-joined names>``: equal iff the names are."""
-    return f"{len(names)}-{hashlib.sha256(','.join(names).encode()).hexdigest()[:12]}"
-
-
-DEFAULT_SPEC = FeatureSpec()
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,25 +94,28 @@ class Applied:
     duplicate: bool
 
 
-def new_state() -> CardState:
-    """Return the state of a card that has seen nothing."""
-    return CardState(n=0, prev=None, ts=[], amt=[], mer=[], id=[], seq=[])
-
-
-_COLUMNS = ("ts", "amt", "mer", "id", "seq")
+def new_state(width: int | FeatureSpec = DEFAULT_SPEC) -> CardState:
+    """Return the state of a key that has seen nothing: ``width`` value columns (or a spec's ``stored`` fields)."""
+    columns = len(width.stored) if isinstance(width, FeatureSpec) else width
+    return CardState(n=0, prev=None, pv=None, ts=[], id=[], seq=[], values=[[] for _ in range(columns)])
 
 
 def upgrade_state(state: dict[str, Any]) -> CardState:
-    """Bring a stored state written by an earlier seam (rows under ``"ev"``) to the current layout."""
-    if "ev" not in state:
-        return state if isinstance(state, CardState) else CardState(state)
-    rows = sorted(state["ev"], key=lambda row: (row[1], row[0]))  # [seq, ts, amount, merchant, id]
-    upgraded = new_state()
-    upgraded["n"], upgraded["prev"] = state["n"], state["prev"]
-    for seq, ts, amount, merchant, event_id in rows:
-        for column, value in zip(_COLUMNS, (ts, amount, merchant, event_id, seq), strict=True):
-            upgraded[column].append(value)
-    return upgraded
+    """Bring a stored state written by an earlier seam to the current layout: rows under ``"ev"`` (the
+    example spec's amount and merchant), or named columns (``amt``, ``mer``)."""
+    if "ev" in state:
+        rows = sorted(state["ev"], key=lambda row: (row[1], row[0]))  # [seq, ts, amount, merchant, id]
+        upgraded = new_state(2)
+        upgraded["n"], upgraded["prev"] = state["n"], state["prev"]
+        for seq, ts, amount, merchant, event_id in rows:
+            for column, value in zip((upgraded["ts"], upgraded["values"][0], upgraded["values"][1], upgraded["id"],
+                                      upgraded["seq"]), (ts, amount, merchant, event_id, seq), strict=True):
+                column.append(value)
+        return upgraded
+    if "amt" in state:
+        return CardState(n=state["n"], prev=state["prev"], pv=None, ts=state["ts"], id=state["id"],
+                         seq=state["seq"], values=[state["amt"], state["mer"]])
+    return state if isinstance(state, CardState) else CardState(state)
 
 
 def event_ids(state: CardState) -> list[str]:
@@ -159,46 +135,49 @@ def apply_event(
     state: CardState,
     event_id: str,
     ts_ms: int,
-    amount: float,
-    merchant_id: str,
+    values: tuple[Any, ...],
     *,
     allowed_lateness_ms: int,
     spec: FeatureSpec = DEFAULT_SPEC,
 ) -> Applied:
-    """Apply one on-time event to ``state`` in place (once per id) and compute its features."""
+    """Apply one on-time event to ``state`` in place (once per id) and compute its features.
+
+    ``values``: the event's values of ``spec.stored``, in that order (numbers as floats).
+    """
+    plan = _plan_of(spec)
     ids: list[str] = state["id"]
     times: list[int] = state["ts"]
-    index = _index_of(state, spec) if len(times) >= HOT_EVENTS and type(state) is CardState else None
+    index = _index_of(state, plan) if len(times) >= HOT_EVENTS and type(state) is CardState else None
     if event_id in (ids if index is None else index.ids):
-        return Applied(_replayed_features(state, ids.index(event_id), spec), True)
+        return Applied(_replayed_features(state, ids.index(event_id), plan), True)
     state["n"] += 1
     pos = bisect_right(times, ts_ms)
     times.insert(pos, ts_ms)
-    state["amt"].insert(pos, amount)
-    state["mer"].insert(pos, merchant_id)
     ids.insert(pos, event_id)
     state["seq"].insert(pos, state["n"])
+    for column, value in zip(state["values"], values, strict=True):
+        column.insert(pos, value)
     if index is not None:
         index.insert(state, pos)
     pos = _evict(state, pos, times[-1] - allowed_lateness_ms - 2 * spec.max_window_ms, index)
     if index is None or state.index is None:
-        return Applied(_features(state, pos, spec), False)
+        return Applied(plan.sliced(state, pos), False)
     index.stamp = (state["n"], len(times))
-    return Applied(_indexed_features(state, pos, spec, index), False)
+    return Applied(plan.indexed(state, pos, index), False)
 
 
 def memory_bytes(events_held: int) -> int:
-    """About how much memory a card state holding ``events_held`` events takes (what the cache is sized in)."""
+    """About how much memory a key state holding ``events_held`` events takes (what the cache is sized in)."""
     per_event = EVENT_BYTES + (INDEXED_EVENT_BYTES if events_held >= HOT_EVENTS else 0)
     return CARD_BYTES + events_held * per_event
 
 
 def latest_features(state: CardState, spec: FeatureSpec = DEFAULT_SPEC) -> tuple[str, tuple[float, ...]] | None:
-    """The id and features of the card's most recently applied event still in state, if any."""
+    """The id and features of the key's most recently applied event still in state, if any."""
     if not state["seq"]:
         return None
     index = max(range(len(state["seq"])), key=state["seq"].__getitem__)
-    return state["id"][index], _replayed_features(state, index, spec)
+    return state["id"][index], _replayed_features(state, index, _plan_of(spec))
 
 
 def replayable(state: CardState, ts_ms: int, *, allowed_lateness_ms: int, spec: FeatureSpec = DEFAULT_SPEC) -> bool:
@@ -207,12 +186,110 @@ def replayable(state: CardState, ts_ms: int, *, allowed_lateness_ms: int, spec: 
     return not times or ts_ms >= times[-1] - allowed_lateness_ms - spec.max_window_ms
 
 
-def _index_of(state: CardState, spec: FeatureSpec) -> _WindowIndex | None:
-    """The window index of a card holding ``HOT_EVENTS`` events or more: kept, or built from its columns."""
+# --- what a spec computes, laid out for the hot path -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Aggregate:
+    """The aggregates of one stored column over one window, and the output slots each goes to."""
+
+    column: int
+    sums: tuple[int, ...] = ()
+    means: tuple[int, ...] = ()
+    ratios: tuple[int, ...] = ()
+    maxima: tuple[int, ...] = ()
+    minima: tuple[int, ...] = ()
+    stds: tuple[int, ...] = ()
+    distincts: tuple[int, ...] = ()
+
+    @property
+    def total(self) -> bool:
+        """Whether the window's sum is needed (for a sum, a mean or a ratio to the mean)."""
+        return bool(self.sums or self.means or self.ratios)
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    ms: int
+    counts: tuple[int, ...]
+    aggregates: tuple[_Aggregate, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A spec's features grouped by window (each window's bounds found once), with their output slots."""
+
+    spec: FeatureSpec
+    width: int
+    windows: tuple[_Window, ...]
+    since_prev: tuple[tuple[int, float], ...]  # (slot, default)
+    last: tuple[tuple[int, int, float], ...]  # (slot, column, default)
+    summed: frozenset[int]  # the columns a window index keeps prefix sums of
+    squared: frozenset[int]  # ... and of their squares (std)
+    maxima: frozenset[int]
+    minima: frozenset[int]
+    distinct: frozenset[tuple[int, int]]  # (column, window ms)
+    sources: list[str] = field(default_factory=list)  # the text of the functions _compile made
+    sliced: Callable[[CardState, int], tuple[float, ...]] = field(init=False)
+    indexed: Callable[[CardState, int, _WindowIndex], tuple[float, ...]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sliced", _compile(self, indexed=False))
+        object.__setattr__(self, "indexed", _compile(self, indexed=True))
+
+
+_OPS_OF_AGGREGATE = {"sum": "sums", "mean": "means", "ratio_to_mean": "ratios", "max": "maxima", "min": "minima",
+                     "std": "stds", "distinct": "distincts"}
+_plans: dict[int, _Plan] = {}
+
+
+def _plan_of(spec: FeatureSpec) -> _Plan:
+    plan = _plans.get(id(spec))
+    if plan is None or plan.spec is not spec:
+        plan = _plans[id(spec)] = _build_plan(spec)
+    return plan
+
+
+def _build_plan(spec: FeatureSpec) -> _Plan:
+    column = {name: index for index, name in enumerate(spec.stored)}
+    windows: dict[int, tuple[list[int], dict[int, dict[str, list[int]]]]] = {}
+    since_prev, last = [], []
+    for slot, feature in enumerate(spec.features):
+        if feature.op == "since_prev":
+            assert feature.default is not None
+            since_prev.append((slot, feature.default))
+        elif feature.op == "last":
+            assert feature.field is not None and feature.default is not None
+            last.append((slot, column[feature.field], feature.default))
+        else:
+            assert feature.window_ms is not None
+            counts, aggregates = windows.setdefault(feature.window_ms, ([], {}))
+            if feature.op == "count":
+                counts.append(slot)
+            else:
+                assert feature.field is not None
+                ops = aggregates.setdefault(column[feature.field], {})
+                ops.setdefault(_OPS_OF_AGGREGATE[feature.op], []).append(slot)
+    laid_out = tuple(
+        _Window(ms, tuple(counts), tuple(_Aggregate(col, **{kind: tuple(slots) for kind, slots in ops.items()})
+                                         for col, ops in aggregates.items()))
+        for ms, (counts, aggregates) in windows.items())
+    every = [(window.ms, aggregate) for window in laid_out for aggregate in window.aggregates]
+    return _Plan(
+        spec, len(spec.features), laid_out, tuple(since_prev), tuple(last),
+        summed=frozenset(a.column for _, a in every if a.total or a.stds),
+        squared=frozenset(a.column for _, a in every if a.stds),
+        maxima=frozenset(a.column for _, a in every if a.maxima),
+        minima=frozenset(a.column for _, a in every if a.minima),
+        distinct=frozenset((a.column, ms) for ms, a in every if a.distincts))
+
+
+def _index_of(state: CardState, plan: _Plan) -> _WindowIndex | None:
+    """The window index of a key holding ``HOT_EVENTS`` events or more: kept, or built from its columns."""
     index = state.index
-    if index is not None and index.spec is spec and index.fits(state):
+    if index is not None and index.plan is plan and index.fits(state):
         return index
-    state.index = index = _WindowIndex(state, spec) if state["ts"] else None
+    state.index = index = _WindowIndex(state, plan) if state["ts"] else None
     return index
 
 
@@ -226,168 +303,186 @@ def _evict(state: CardState, pos: int, cutoff: int, index: _WindowIndex | None) 
     count = bisect_right(times, cutoff)
     if count <= len(times) >> 5:
         return pos
+    columns = [times, state["id"], state["seq"], *state["values"]]
     if pos < count:
         # The event just applied is itself that old (replayed after its watermark was lost): it stays
         # until the next event, because its own windows must contain it.
         keep = [i for i in range(len(times)) if i >= count or i == pos]
-        evicted_max = max(times[i] for i in range(count) if i != pos) if count > 1 else None
-        for column in _COLUMNS:
-            values = state[column]
-            state[column] = [values[i] for i in keep]
+        others = [i for i in range(count) if i != pos]
+        newest = max(others, key=lambda i: (times[i], i)) if others else None
+        evicted = None if newest is None else (times[newest], [column[newest] for column in state["values"]])
+        for column in columns:
+            column[:] = [column[i] for i in keep]
         new_pos = 0
         if index is not None:
-            state.index = None  # rare: rebuilt at the card's next event
+            state.index = None  # rare: rebuilt at the key's next event
     else:
-        evicted_max = times[count - 1]
+        evicted = (times[count - 1], [column[count - 1] for column in state["values"]])
         if index is not None:
             index.evict(state, count)
-        for column in _COLUMNS:
-            del state[column][:count]
+        for column in columns:
+            del column[:count]
         new_pos = pos - count
-    if evicted_max is not None:
-        state["prev"] = evicted_max if state["prev"] is None else max(state["prev"], evicted_max)
+    if evicted is not None and (state["prev"] is None or evicted[0] >= state["prev"]):
+        state["prev"], state["pv"] = evicted
     return new_pos
 
 
-def _features(state: CardState, pos: int, spec: FeatureSpec) -> tuple[float, ...]:
-    """Features of the newest-arrived event at index ``pos``: every other event arrived before it."""
-    times: list[int] = state["ts"]
-    amounts: list[float] = state["amt"]
-    ts_ms, amount = times[pos], amounts[pos]
-    hi = pos + 1  # later indices hold later event times
-    out: list[float] = []
-    means: dict[int, float] = {}
-    lows: dict[int, int] = {}
-    for w in spec.windows_s:
-        lo = lows[w] = bisect_right(times, ts_ms - w * 1000, 0, hi)
-        window = amounts[lo:hi]
-        total = fsum(window)
-        mean = means[w] = total / (hi - lo)
-        out += [float(hi - lo), total, mean, float(max(window))]
-    prev = state["prev"]  # _secs_since_prev, inlined on the path most events take
-    if pos:
-        out.append((ts_ms - times[pos - 1]) / 1000.0)
-    elif prev is not None and prev <= ts_ms:
-        out.append((ts_ms - prev) / 1000.0)
-    else:
-        out.append(-1.0)
-    out.append(float(len(set(state["mer"][lows[spec.distinct_window_s]:hi]))))
-    mean = means[spec.ratio_window_s]
-    out.append(amount / mean if mean else 0.0)
-    return tuple(out)
+def _compile(plan: _Plan, indexed: bool) -> Callable[..., tuple[float, ...]]:
+    """The features of the newest-arrived event at index ``pos`` (every other event arrived before it), as a
+    function made for ``plan``: ``f(state, pos)`` from list slices, or ``f(state, pos, index)`` from a hot
+    key's window index. Written out per spec, like a hand-written one: each window's bounds found once,
+    each aggregate computed once and only where a feature needs it, no loop over the features. The
+    reference tests hold both to the definition; ``plan.sources`` keeps the text.
+    """
+    body = ["    times = state['ts']", "    columns = state['values']", "    ts_ms = times[pos]",
+            "    hi = pos + 1  # later indices hold later event times"]
+    out: list[str] = ["0.0"] * plan.width
+    if indexed:
+        for col in sorted(plan.summed):
+            body.append(f"    sums{col} = index.sums[{col}]; prefix{col}, unit{col} = sums{col}.sums, sums{col}.unit")
+        for col in sorted(plan.maxima):
+            body.append(f"    maxima{col} = index.maxima[{col}]")
+        for col in sorted(plan.minima):
+            body.append(f"    minima{col} = index.minima[{col}]")
+    for w, window in enumerate(plan.windows):
+        lo = f"lo{w}"
+        body.append(f"    {lo} = bisect_right(times, ts_ms - {window.ms}, 0, hi)")
+        for slot in window.counts:
+            out[slot] = f"float(hi - {lo})"
+        for aggregate in window.aggregates:
+            col, name = aggregate.column, f"w{w}c{aggregate.column}"
+            if not indexed and (aggregate.total or aggregate.maxima or aggregate.minima or aggregate.stds
+                                or aggregate.distincts):
+                body.append(f"    {name} = columns[{col}][{lo}:hi]")
+            if aggregate.total:
+                total = f"(prefix{col}[hi] - prefix{col}[{lo}]) / unit{col}" if indexed else f"fsum({name})"
+                body += [f"    sum_{name} = {total}", f"    mean_{name} = sum_{name} / (hi - {lo})"]
+            for slot in aggregate.sums:
+                out[slot] = f"sum_{name}"
+            for slot in aggregate.means:
+                out[slot] = f"mean_{name}"
+            for slot in aggregate.ratios:
+                out[slot] = f"(columns[{col}][pos] / mean_{name} if mean_{name} else 0.0)"
+            for slot in aggregate.maxima:
+                out[slot] = f"maxima{col}.extreme(columns[{col}], {lo}, hi)" if indexed else f"float(max({name}))"
+            for slot in aggregate.minima:
+                out[slot] = f"minima{col}.extreme(columns[{col}], {lo}, hi)" if indexed else f"float(min({name}))"
+            for slot in aggregate.stds:
+                out[slot] = f"sqrt(sums{col}.variance({lo}, hi))" if indexed else f"sqrt(_variance({name}))"
+            for slot in aggregate.distincts:
+                out[slot] = (f"float(index.distinct[{col}, {window.ms}].count(state, {lo}, pos))" if indexed
+                             else f"float(len(set({name})))")
+    if plan.since_prev or plan.last:
+        lasts = sorted({col for _, col, _ in plan.last})
+        body += ["    if pos:", "        since = (ts_ms - times[pos - 1]) / 1000.0"]
+        body += [f"        last{col} = float(columns[{col}][pos - 1])" for col in lasts]
+        body += ["    elif state['prev'] is not None and state['prev'] <= ts_ms:",
+                 "        since = (ts_ms - state['prev']) / 1000.0"]
+        body += [f"        last{col} = float(state['pv'][{col}])" for col in lasts]
+        body += ["    else:", "        since = None"]
+        body += [f"        last{col} = None" for col in lasts]
+        for slot, default in plan.since_prev:
+            out[slot] = f"({default!r} if since is None else since)"
+        for slot, col, default in plan.last:
+            out[slot] = f"({default!r} if last{col} is None else last{col})"
+    arguments = "state, pos, index" if indexed else "state, pos"
+    source = "\n".join([f"def features({arguments}):", *body, f"    return ({', '.join(out)},)", ""])
+    namespace: dict[str, Any] = {"bisect_right": bisect_right, "fsum": fsum, "sqrt": sqrt, "_variance": _variance}
+    exec(compile(source, f"<features of spec {plan.spec.name!r}{' (indexed)' if indexed else ''}>", "exec"),  # noqa: S102
+         namespace)
+    plan.sources.append(source)
+    function: Callable[..., tuple[float, ...]] = namespace["features"]
+    return function
 
 
-def _indexed_features(state: CardState, pos: int, spec: FeatureSpec, index: _WindowIndex) -> tuple[float, ...]:
-    """``_features`` for a hot card: the same values, from its window index instead of slices."""
-    times: list[int] = state["ts"]
-    amounts: list[float] = state["amt"]
-    ts_ms, amount = times[pos], amounts[pos]
-    hi = pos + 1
-    sums, unit = index.sums, index.unit
-    out: list[float] = []
-    means: dict[int, float] = {}
-    lows: dict[int, int] = {}
-    for w in spec.windows_s:
-        lo = lows[w] = bisect_right(times, ts_ms - w * 1000, 0, hi)
-        total = (sums[hi] - sums[lo]) / unit  # int / int: the exact sum, correctly rounded, as fsum gives
-        mean = means[w] = total / (hi - lo)
-        out += [float(hi - lo), total, mean, index.maximum(amounts, lo, hi)]
-    out.append(_secs_since_prev(state, pos))
-    out.append(float(index.distinct(state, lows[spec.distinct_window_s], pos)))
-    mean = means[spec.ratio_window_s]
-    out.append(amount / mean if mean else 0.0)
-    return tuple(out)
-
-
-def _secs_since_prev(state: CardState, pos: int) -> float:
-    """Seconds from the event at ``pos`` back to the latest earlier-arrived one at or before it (-1: none)."""
-    ts_ms = state["ts"][pos]
-    prev = state["prev"]
-    if pos:
-        return (ts_ms - state["ts"][pos - 1]) / 1000.0
-    if prev is not None and prev <= ts_ms:
-        return (ts_ms - prev) / 1000.0
-    return -1.0
-
-
-def _replayed_features(state: CardState, index: int, spec: FeatureSpec) -> tuple[float, ...]:
+def _replayed_features(state: CardState, index: int, plan: _Plan) -> tuple[float, ...]:
     """Features of an already-applied event: only events that arrived no later than it count.
 
-    Deliberately not shared with ``_features``: the hot path's slices and inlined aggregates are ~10 %
-    faster than a common helper; the reference tests hold both to the same definition.
+    Deliberately not shared with :func:`_compile`'s functions: those are made for the newest event only;
+    the reference tests hold both to the same definition.
     """
-    seq, ts_ms, amount = state["seq"][index], state["ts"][index], state["amt"][index]
-    rows = [(t, a, m, s) for t, a, m, s in zip(state["ts"], state["amt"], state["mer"], state["seq"], strict=True)
-            if s <= seq and t <= ts_ms]
-    out: list[float] = []
-    means: dict[int, float] = {}
-    merchants: dict[int, int] = {}
-    for w in spec.windows_s:
-        lower = ts_ms - w * 1000
-        window = [a for t, a, _, _ in rows if t > lower]
-        total = fsum(window)
-        means[w] = total / len(window)
-        merchants[w] = len({m for t, _, m, _ in rows if t > lower})
-        out += [float(len(window)), total, means[w], float(max(window))]
-    previous = [t for t, _, _, s in rows if s != seq]
-    if state["prev"] is not None and state["prev"] <= ts_ms:
-        previous.append(state["prev"])
-    out.append((ts_ms - max(previous)) / 1000.0 if previous else -1.0)
-    out.append(float(merchants[spec.distinct_window_s]))
-    mean = means[spec.ratio_window_s]
-    out.append(amount / mean if mean else 0.0)
+    times: list[int] = state["ts"]
+    seqs: list[int] = state["seq"]
+    columns: list[list[Any]] = state["values"]
+    seq, ts_ms = seqs[index], times[index]
+    rows = [i for i in range(len(times)) if seqs[i] <= seq and times[i] <= ts_ms]  # in (ts, arrival) order
+    out = [0.0] * plan.width
+    for window in plan.windows:
+        lower = ts_ms - window.ms
+        inside = [i for i in rows if times[i] > lower]
+        for slot in window.counts:
+            out[slot] = float(len(inside))
+        for aggregate in window.aggregates:
+            values = [columns[aggregate.column][i] for i in inside]
+            if aggregate.total:
+                total = fsum(values)
+                mean = total / len(values)
+                for slot in aggregate.sums:
+                    out[slot] = total
+                for slot in aggregate.means:
+                    out[slot] = mean
+                for slot in aggregate.ratios:
+                    out[slot] = columns[aggregate.column][index] / mean if mean else 0.0
+            for slot in aggregate.maxima:
+                out[slot] = float(max(values))
+            for slot in aggregate.minima:
+                out[slot] = float(min(values))
+            for slot in aggregate.stds:
+                out[slot] = sqrt(_variance(values))
+            for slot in aggregate.distincts:
+                out[slot] = float(len(set(values)))
+    earlier = [i for i in rows if seqs[i] != seq]
+    prev = state["prev"]
+    previous: tuple[int, list[Any]] | None = None
+    if earlier:
+        latest = earlier[-1]  # rows are in (ts, arrival) order
+        previous = times[latest], [column[latest] for column in columns]
+    if prev is not None and prev <= ts_ms and (previous is None or prev > previous[0]):
+        previous = prev, state["pv"]
+    for slot, default in plan.since_prev:
+        out[slot] = default if previous is None else (ts_ms - previous[0]) / 1000.0
+    for slot, column, default in plan.last:
+        out[slot] = default if previous is None else float(previous[1][column])
     return tuple(out)
 
 
-def _fraction_bits(amount: float) -> int:
-    """The binary digits after the point that ``amount`` needs to be held exactly."""
-    return amount.as_integer_ratio()[1].bit_length() - 1
+def _variance(values: list[float]) -> float:
+    """The exact population variance of ``values``, correctly rounded (exact integers throughout)."""
+    ratios = [value.as_integer_ratio() for value in values]
+    bits = max(denominator.bit_length() for _, denominator in ratios) - 1
+    scaled = [numerator << (bits - denominator.bit_length() + 1) for numerator, denominator in ratios]
+    count, total = len(scaled), sum(scaled)
+    return (count * sum(x * x for x in scaled) - total * total) / ((count * count) << (2 * bits))
+
+
+def _fraction_bits(value: float) -> int:
+    """The binary digits after the point that ``value`` needs to be held exactly."""
+    return value.as_integer_ratio()[1].bit_length() - 1
 
 
 class _WindowIndex:
-    """What makes a hot card's features cost the same whatever its windows hold (in memory only).
+    """What makes a hot key's features cost the same whatever its windows hold (in memory only).
 
-    * ``ids``: the card's event ids, for the duplicate check;
-    * ``sums``: exact prefix sums of the amounts in event-time order, as integers in units of
-      ``2**-bits`` (``bits`` grows when an amount needs more): a window's sum is one subtraction,
-      exact, and rounded once;
-    * ``stair``: the positions (plus ``base``, the events evicted since the index was built) whose
-      amount exceeds every amount after them. The first of them at or after a window's start is the
-      maximum from there to the end: the window's maximum, unless it lies after the window's end
-      (an event that arrived out of order, below a higher later one), where the window is scanned;
-    * ``merchants``: the merchant counts of the distinct window that ends at ``anchor``, the card's
-      highest event time. Events arrive mostly in order, so a new event's distinct window is that one
-      corrected by the few events between the two windows' edges.
+    * ``ids``: the key's event ids, for the duplicate check;
+    * ``sums``: per summed column, exact prefix sums (and sums of squares, for ``std``);
+    * ``maxima``, ``minima``: per column, the staircase of suffix maxima or minima;
+    * ``distinct``: per (column, window), the value counts of the window that ends at the key's highest
+      time. Events arrive mostly in order, so a new event's distinct window is that one corrected by
+      the few events between the two windows' edges.
     """
 
-    __slots__ = ("anchor", "base", "bits", "ids", "merchants", "spec", "stair", "stamp", "sums", "unit",
-                 "window_ms")
+    __slots__ = ("distinct", "ids", "maxima", "minima", "plan", "stamp", "sums")
 
-    def __init__(self, state: CardState, spec: FeatureSpec) -> None:
-        self.spec = spec
-        self.window_ms = spec.distinct_window_s * 1000
+    def __init__(self, state: CardState, plan: _Plan) -> None:
+        self.plan = plan
         self.ids = set(state["id"])
-        amounts: list[float] = state["amt"]
-        self.bits = max(map(_fraction_bits, amounts), default=0)
-        self.unit = 1 << self.bits
-        self.sums = sums = [0]
-        total = 0
-        for amount in amounts:
-            numerator, denominator = amount.as_integer_ratio()
-            total += numerator << (self.bits - denominator.bit_length() + 1)
-            sums.append(total)
-        stair: list[int] = []
-        for position in range(len(amounts) - 1, -1, -1):
-            if not stair or amounts[position] > amounts[stair[-1]]:
-                stair.append(position)
-        stair.reverse()
-        self.stair, self.base = stair, 0
-        times: list[int] = state["ts"]
-        self.anchor = times[-1]
-        self.merchants: dict[str, int] = {}
-        for merchant in state["mer"][bisect_right(times, self.anchor - self.window_ms):]:
-            self.merchants[merchant] = self.merchants.get(merchant, 0) + 1
-        self.stamp = (state["n"], len(times))
+        columns = state["values"]
+        self.sums = {col: _Sums(columns[col], col in plan.squared) for col in plan.summed}
+        self.maxima = {col: _Stair(columns[col], 1.0) for col in plan.maxima}
+        self.minima = {col: _Stair(columns[col], -1.0) for col in plan.minima}
+        self.distinct = {(col, ms): _Distinct(state, col, ms) for col, ms in plan.distinct}
+        self.stamp = (state["n"], len(state["ts"]))
 
     def fits(self, state: CardState) -> bool:
         """Whether the index is of ``state`` as it is now (every change went through :func:`apply_event`)."""
@@ -395,76 +490,178 @@ class _WindowIndex:
 
     def insert(self, state: CardState, pos: int) -> None:
         """Take in the event just inserted at ``pos``."""
-        amounts: list[float] = state["amt"]
-        amount = amounts[pos]
         self.ids.add(state["id"][pos])
-        numerator, denominator = amount.as_integer_ratio()
+        columns = state["values"]
+        for col, sums in self.sums.items():
+            sums.insert(pos, columns[col][pos])
+        for col, stair in self.maxima.items():
+            stair.insert(columns[col], pos)
+        for col, stair in self.minima.items():
+            stair.insert(columns[col], pos)
+        for distinct in self.distinct.values():
+            distinct.insert(state, pos)
+
+    def evict(self, state: CardState, count: int) -> None:
+        """Forget the ``count`` oldest events, about to be removed (all below every anchored window)."""
+        self.ids.difference_update(state["id"][:count])
+        for sums in self.sums.values():
+            sums.evict(count)
+        for stair in (*self.maxima.values(), *self.minima.values()):
+            stair.evict(count)
+
+
+class _Sums:
+    """Exact prefix sums of a column in event-time order, as integers in units of ``2**-bits`` (``bits``
+    grows when a value needs more): a window's sum is one subtraction, exact, and rounded once; with
+    ``squares``, the prefix sums of the squares too (units of ``2**-2bits``), for the exact variance."""
+
+    __slots__ = ("bits", "squares", "sums", "unit")
+
+    def __init__(self, values: list[float], squares: bool) -> None:
+        self.bits = max(map(_fraction_bits, values), default=0)
+        self.unit = 1 << self.bits
+        self.sums = sums = [0]
+        self.squares: list[int] | None = [0] if squares else None
+        total = square_total = 0
+        for value in values:
+            numerator, denominator = value.as_integer_ratio()
+            scaled = numerator << (self.bits - denominator.bit_length() + 1)
+            total += scaled
+            sums.append(total)
+            if self.squares is not None:
+                square_total += scaled * scaled
+                self.squares.append(square_total)
+
+    def insert(self, pos: int, value: float) -> None:
+        numerator, denominator = value.as_integer_ratio()
         bits = denominator.bit_length() - 1
         if bits > self.bits:
-            self.sums = [total << (bits - self.bits) for total in self.sums]
+            shift = bits - self.bits
+            self.sums = [total << shift for total in self.sums]
+            if self.squares is not None:
+                self.squares = [total << (2 * shift) for total in self.squares]
             self.bits, self.unit = bits, 1 << bits
-        value = numerator << (self.bits - bits)
+        scaled = numerator << (self.bits - bits)
         sums = self.sums
-        sums.insert(pos + 1, sums[pos] + value)
+        sums.insert(pos + 1, sums[pos] + scaled)
         for later in range(pos + 2, len(sums)):  # the events after it in event time: few, mostly none
-            sums[later] += value
-        stair, base = self.stair, self.base
+            sums[later] += scaled
+        squares = self.squares
+        if squares is not None:
+            square = scaled * scaled
+            squares.insert(pos + 1, squares[pos] + square)
+            for later in range(pos + 2, len(squares)):
+                squares[later] += square
+
+    def evict(self, count: int) -> None:
+        del self.sums[:count]
+        if self.squares is not None:
+            del self.squares[:count]
+
+    def total(self, lo: int, hi: int) -> float:
+        """``fsum(values[lo:hi])``: int / int, the exact sum correctly rounded, as fsum gives."""
+        return (self.sums[hi] - self.sums[lo]) / self.unit
+
+    def variance(self, lo: int, hi: int) -> float:
+        """The exact population variance of ``values[lo:hi]``, correctly rounded (as ``_variance`` gives)."""
+        assert self.squares is not None
+        count, total = hi - lo, self.sums[hi] - self.sums[lo]
+        return (count * (self.squares[hi] - self.squares[lo]) - total * total) / ((count * count) << (2 * self.bits))
+
+
+class _Stair:
+    """The positions (plus ``base``, the events evicted since it was built) whose value beats every value
+    after them (exceeds it, with ``sign`` 1; is below it, with -1). The first of them at or after a
+    window's start holds the extreme from there to the end: the window's extreme, unless it lies after
+    the window's end (an event that arrived out of order, beyond a later one), where the window is scanned."""
+
+    __slots__ = ("base", "positions", "sign")
+
+    def __init__(self, values: list[float], sign: float) -> None:
+        self.sign, self.base = sign, 0
+        positions: list[int] = []
+        for position in range(len(values) - 1, -1, -1):
+            if not positions or sign * values[position] > sign * values[positions[-1]]:
+                positions.append(position)
+        positions.reverse()
+        self.positions = positions
+
+    def insert(self, values: list[float], pos: int) -> None:
+        """Take in the value just inserted at ``pos`` of ``values``."""
+        stair, base, sign = self.positions, self.base, self.sign
+        value = sign * values[pos]
         after = bisect_left(stair, pos + base)
         for later in range(after, len(stair)):
             stair[later] += 1
-        if after == len(stair) or amounts[stair[after] - base] < amount:
+        if after == len(stair) or sign * values[stair[after] - base] < value:
             start = after
-            while start and amounts[stair[start - 1] - base] <= amount:
+            while start and sign * values[stair[start - 1] - base] <= value:
                 start -= 1
             stair[start:after] = [pos + base]
-        times: list[int] = state["ts"]
-        ts_ms, merchants, counts = times[pos], state["mer"], self.merchants
-        if ts_ms > self.anchor:  # the anchored window moves up: drop what falls out of it
-            for merchant in merchants[bisect_right(times, self.anchor - self.window_ms):
-                                      bisect_right(times, ts_ms - self.window_ms)]:
-                left = counts[merchant] - 1
-                if left:
-                    counts[merchant] = left
-                else:
-                    del counts[merchant]
-            self.anchor = ts_ms
-        if ts_ms > self.anchor - self.window_ms:
-            counts[merchants[pos]] = counts.get(merchants[pos], 0) + 1
 
-    def evict(self, state: CardState, count: int) -> None:
-        """Forget the ``count`` oldest events, about to be removed (all below the anchored window)."""
-        self.ids.difference_update(state["id"][:count])
-        del self.sums[:count]
-        del self.stair[:bisect_left(self.stair, self.base + count)]
+    def evict(self, count: int) -> None:
+        del self.positions[:bisect_left(self.positions, self.base + count)]
         self.base += count
 
-    def maximum(self, amounts: list[float], lo: int, hi: int) -> float:
-        """``max(amounts[lo:hi])``."""
-        stair = self.stair
+    def extreme(self, values: list[float], lo: int, hi: int) -> float:
+        """``max(values[lo:hi])`` (or ``min``)."""
+        stair = self.positions
         first = bisect_left(stair, lo + self.base)
         if first < len(stair) and stair[first] - self.base < hi:
-            return float(amounts[stair[first] - self.base])
-        return float(max(amounts[lo:hi]))
+            return float(values[stair[first] - self.base])
+        return float(max(values[lo:hi]) if self.sign > 0 else min(values[lo:hi]))
 
-    def distinct(self, state: CardState, lo: int, pos: int) -> int:
-        """``len(set(state["mer"][lo:pos + 1]))``, for the distinct window of the event at ``pos``."""
+
+class _Distinct:
+    """The value counts of one column over the window of ``window_ms`` that ends at ``anchor``, the key's
+    highest event time."""
+
+    __slots__ = ("anchor", "column", "counts", "window_ms")
+
+    def __init__(self, state: CardState, column: int, window_ms: int) -> None:
         times: list[int] = state["ts"]
-        merchants: list[str] = state["mer"]
+        self.column, self.window_ms = column, window_ms
+        self.anchor = times[-1]
+        self.counts: dict[Any, int] = {}
+        for value in state["values"][column][bisect_right(times, self.anchor - window_ms):]:
+            self.counts[value] = self.counts.get(value, 0) + 1
+
+    def insert(self, state: CardState, pos: int) -> None:
+        """Take in the event just inserted at ``pos``."""
+        times: list[int] = state["ts"]
+        values: list[Any] = state["values"][self.column]
+        ts_ms, counts = times[pos], self.counts
+        if ts_ms > self.anchor:  # the anchored window moves up: drop what falls out of it
+            for value in values[bisect_right(times, self.anchor - self.window_ms):
+                                bisect_right(times, ts_ms - self.window_ms)]:
+                left = counts[value] - 1
+                if left:
+                    counts[value] = left
+                else:
+                    del counts[value]
+            self.anchor = ts_ms
+        if ts_ms > self.anchor - self.window_ms:
+            counts[values[pos]] = counts.get(values[pos], 0) + 1
+
+    def count(self, state: CardState, lo: int, pos: int) -> int:
+        """``len(set(values[lo:pos + 1]))``, for the window (starting at ``lo``) of the event at ``pos``."""
+        times: list[int] = state["ts"]
+        values: list[Any] = state["values"][self.column]
         if pos == len(times) - 1:  # the newest event time: the anchored window itself
-            return len(self.merchants)
+            return len(self.counts)
         start = bisect_right(times, self.anchor - self.window_ms)
         if start > pos + 1 or (len(times) - 1 - pos) + (start - lo) > pos + 1 - lo:
-            return len(set(merchants[lo:pos + 1]))
+            return len(set(values[lo:pos + 1]))
         # Its window is the anchored one without the events after it and with those before the anchored start.
-        delta: dict[str, int] = {}
-        for merchant in merchants[pos + 1:]:
-            delta[merchant] = delta.get(merchant, 0) - 1
-        for merchant in merchants[lo:start]:
-            delta[merchant] = delta.get(merchant, 0) + 1
-        counts = self.merchants
+        delta: dict[Any, int] = {}
+        for value in values[pos + 1:]:
+            delta[value] = delta.get(value, 0) - 1
+        for value in values[lo:start]:
+            delta[value] = delta.get(value, 0) + 1
+        counts = self.counts
         distinct = len(counts)
-        for merchant, change in delta.items():
-            held = counts.get(merchant, 0)
+        for value, change in delta.items():
+            held = counts.get(value, 0)
             if not held and change > 0:
                 distinct += 1
             elif held and held + change == 0:

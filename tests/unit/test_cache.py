@@ -84,12 +84,12 @@ def make_cache(tables: Tables) -> Callable[..., StateCache]:
 def stored_state(event_id: str = "e1", ts: int = T) -> CardState:
     """A non-empty card state."""
     state = new_state()
-    apply_event(state, event_id, ts, 5.0, "m", allowed_lateness_ms=LATENESS_MS)
+    apply_event(state, event_id, ts, (5.0, "m"), allowed_lateness_ms=LATENESS_MS)
     return state
 
 
 def apply(state: CardState, event_id: str, ts: int = T) -> None:
-    apply_event(state, event_id, ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+    apply_event(state, event_id, ts, (1.0, "m"), allowed_lateness_ms=LATENESS_MS)
 
 
 # --- card(), peek() ------------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def fill(state: CardState, count: int, *, start: int = T, step_ms: int = 1_000, 
     touched = set()
     for i in range(count):
         ts = start + i * step_ms
-        apply_event(state, f"{prefix}{i}", ts, float(i % 7), f"m{i % 3}", allowed_lateness_ms=LATENESS_MS)
+        apply_event(state, f"{prefix}{i}", ts, (float(i % 7), f"m{i % 3}"), allowed_lateness_ms=LATENESS_MS)
         touched.add(ts)
     return touched
 
@@ -93,7 +93,7 @@ def test_a_flush_writes_what_changed_not_what_the_card_holds() -> None:
     full = table.bytes_written
     table.bytes_written = 0
     ts = T + 2_000 * 3_000
-    apply_event(state, "new", ts, 10.0, "m", allowed_lateness_ms=LATENESS_MS)
+    apply_event(state, "new", ts, (10.0, "m"), allowed_lateness_ms=LATENESS_MS)
     writes = changes(KEY, state, stored, {ts})
     table.apply(writes)
     assert [key for key, _ in writes] == [KEY]  # the event went to the tail, in the header
@@ -106,7 +106,7 @@ def test_a_late_event_rewrites_only_the_chunk_it_falls_into() -> None:
     table.apply(changes(KEY, state, stored, fill(state, 6 * CHUNK_EVENTS, step_ms=100)))
     target = stored.chunks[3]
     ts = target[1] + 50  # inside chunk 3, well within the lateness
-    apply_event(state, "late", ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+    apply_event(state, "late", ts, (1.0, "m"), allowed_lateness_ms=LATENESS_MS)
     writes = changes(KEY, state, stored, {ts})
     assert [key for key, _ in writes] == [chunk_key(KEY, target[0]), KEY]
     assert target[2] == CHUNK_EVENTS + 1
@@ -120,7 +120,7 @@ def test_eviction_deletes_emptied_chunks_after_the_header_and_rewrites_the_cut_o
     table.apply(changes(KEY, state, stored, fill(state, 4 * CHUNK_EVENTS, step_ms=1_000, prefix="old")))
     first, second = stored.chunks[0][0], stored.chunks[1][0]
     ts = T + (CHUNK_EVENTS + 10) * 1_000 + horizon_ms + 1  # evicts chunk 0 and 11 events of chunk 1
-    apply_event(state, "new", ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+    apply_event(state, "new", ts, (1.0, "m"), allowed_lateness_ms=LATENESS_MS)
     writes = changes(KEY, state, stored, {ts})
     keys = [key for key, _ in writes]
     assert keys == [chunk_key(KEY, second), KEY, chunk_key(KEY, first)] and writes[-1][1] is None
@@ -130,14 +130,20 @@ def test_eviction_deletes_emptied_chunks_after_the_header_and_rewrites_the_cut_o
     assert set(table.data) == keys_of(stored)
 
 
+def legacy_columns(state: CardState) -> dict[str, object]:
+    """A state as earlier seams held it: named columns of the example spec's amount and merchant."""
+    return {"n": state["n"], "prev": state["prev"], "ts": state["ts"], "amt": state["values"][0],
+            "mer": state["values"][1], "id": state["id"], "seq": state["seq"]}
+
+
 def test_a_state_written_whole_by_an_earlier_seam_is_read_and_rewritten_in_chunks() -> None:
     state = new_state()
     fill(state, 2 * CHUNK_EVENTS, step_ms=20_000)
     table = Table()
-    table.data[KEY] = orjson.dumps(state)
+    table.data[KEY] = orjson.dumps(legacy_columns(state))
     loaded, stored = table.load()
     assert loaded == state and stored.legacy == []
-    apply_event(loaded, "next", T + 200 * 20_000, 2.0, "m", allowed_lateness_ms=LATENESS_MS)
+    apply_event(loaded, "next", T + 200 * 20_000, (2.0, "m"), allowed_lateness_ms=LATENESS_MS)
     table.apply(changes(KEY, loaded, stored, {T + 200 * 20_000}))
     again, again_stored = table.load()
     assert again == loaded and again_stored.legacy is None
@@ -152,7 +158,7 @@ def test_per_minute_buckets_of_an_earlier_seam_are_read_and_replaced() -> None:
     for minute in minutes:
         index = [i for i, ts in enumerate(state["ts"]) if ts // 60_000 == minute]
         table.data[KEY + b"\x00" + str(minute).encode()] = orjson.dumps(
-            [[state[c][i] for i in index] for c in ("ts", "amt", "mer", "id", "seq")])
+            [[legacy_columns(state)[c][i] for i in index] for c in ("ts", "amt", "mer", "id", "seq")])
     table.data[KEY] = orjson.dumps({"v": 2, "n": state["n"], "prev": state["prev"], "b": minutes})
     loaded, stored = table.load()
     assert loaded == state and len(stored.legacy or []) == len(minutes)
@@ -164,7 +170,7 @@ def test_a_chunk_rewritten_before_a_lost_header_does_not_reuse_an_arrival_number
     table, state, stored = Table(), new_state(), Stored()
     table.apply(changes(KEY, state, stored, fill(state, 3 * CHUNK_EVENTS, step_ms=100)))
     ts = stored.chunks[1][1] + 10
-    apply_event(state, "late", ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+    apply_event(state, "late", ts, (1.0, "m"), allowed_lateness_ms=LATENESS_MS)
     writes = changes(KEY, state, stored, {ts})
     table.apply(writes[:-1])  # the crash lost the header
     loaded, _ = table.load()
@@ -186,7 +192,7 @@ def test_any_sequence_of_events_and_flushes_restores_exactly(seed: int, flush_ev
         else:
             event_id, ts = f"e{i}", now - rng.randint(0, LATENESS_MS)
             ids.append((event_id, ts))
-        applied = apply_event(state, event_id, ts, rng.random() * 100, f"m{rng.randint(0, 5)}",
+        applied = apply_event(state, event_id, ts, (rng.random() * 100, f"m{rng.randint(0, 5)}"),
                               allowed_lateness_ms=LATENESS_MS)
         if not applied.duplicate:
             touched.add(ts)
@@ -208,15 +214,16 @@ def test_memory_bytes_is_what_a_loaded_card_takes(events: int) -> None:
     rng = random.Random(events)
     state = new_state()
     for i in range(events):
-        apply_event(state, f"soak1a2b3c-{rng.randrange(10**9):09d}", T + i * 10_000, round(rng.uniform(1, 500), 2),
-                    f"m-{rng.randrange(5000)}", allowed_lateness_ms=LATENESS_MS)
+        values = (round(rng.uniform(1, 500), 2), f"m-{rng.randrange(5000)}")
+        apply_event(state, f"soak1a2b3c-{rng.randrange(10**9):09d}", T + i * 10_000, values,
+                    allowed_lateness_ms=LATENESS_MS)
     writes = dict(changes(b"c-1", state, Stored(), set(state["ts"])))
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
         loaded, stored = decode(writes[b"c-1"], writes.get, b"c-1")
         if events >= features.HOT_EVENTS:
-            apply_event(loaded, "one-more-event-id-00", loaded["ts"][-1] + 1, 1.0, "m-1",
+            apply_event(loaded, "one-more-event-id-00", loaded["ts"][-1] + 1, (1.0, "m-1"),
                         allowed_lateness_ms=LATENESS_MS)
             assert loaded.index is not None
         measured = sum(stat.size_diff for stat in tracemalloc.take_snapshot().compare_to(before, "filename"))

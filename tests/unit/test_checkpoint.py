@@ -69,7 +69,7 @@ def make_cache(table: Table, log: list[str]) -> tuple[StateCache, list[Any]]:
 
 def change(cache: StateCache, card_id: str) -> None:
     state = cache.card(0, card_id)
-    apply_event(state, f"{card_id}-e{state['n']}", T + state["n"], 1.0, "m", allowed_lateness_ms=60_000)
+    apply_event(state, f"{card_id}-e{state['n']}", T + state["n"], (1.0, "m"), allowed_lateness_ms=60_000)
     cache.touch(0, card_id, T)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,13 +27,14 @@ from tables.features import (
     replayable,
     upgrade_state,
 )
+from tests.specs import fraud_like
 
 pytestmark = pytest.mark.usefixtures("window_paths")  # every test: sliced and indexed windows
 
 
 def rows(state: CardState) -> list[list[object]]:
     """The state's events as [seq, ts, amount, merchant, id] rows in arrival order."""
-    return sorted([list(r) for r in zip(state["seq"], state["ts"], state["amt"], state["mer"], state["id"],
+    return sorted([list(r) for r in zip(state["seq"], state["ts"], state["values"][0], state["values"][1], state["id"],
                                         strict=True)])
 
 T = 1_764_500_000_000  # an arbitrary epoch-ms origin
@@ -63,7 +66,7 @@ def card() -> Callable[..., tuple[CardState, Apply]]:
 
         def apply(event_id: str, ts: int, amount: float = 1.0, merchant: str = "m") -> Applied:
             return apply_event(
-                state, event_id, ts, amount, merchant, allowed_lateness_ms=lateness_ms, spec=spec
+                state, event_id, ts, (amount, merchant), allowed_lateness_ms=lateness_ms, spec=spec
             )
 
         return state, apply
@@ -115,7 +118,7 @@ def test_default_spec_names_and_order() -> None:
 
 def test_custom_spec_names_follow_windows() -> None:
     """Names follow the windows given, in their order."""
-    spec = FeatureSpec(windows_s=(30, 120), distinct_window_s=30, ratio_window_s=120)
+    spec = fraud_like((30, 120), 30, 120)
     assert spec.names == (
         "count_30",
         "amount_sum_30",
@@ -132,25 +135,15 @@ def test_custom_spec_names_follow_windows() -> None:
     assert spec.max_window_ms == 120_000
 
 
-@pytest.mark.parametrize(
-    ("distinct", "ratio"),
-    [(3600, 60), (60, 3600), (3600, 3600)],
-)
-def test_spec_rejects_windows_not_in_windows_s(distinct: int, ratio: int) -> None:
-    """distinct/ratio windows must be among windows_s."""
-    with pytest.raises(ValueError, match="among windows_s"):
-        FeatureSpec(windows_s=(60, 600), distinct_window_s=distinct, ratio_window_s=ratio)
-
-
 def test_spec_is_frozen() -> None:
     """A spec cannot be changed after creation."""
     with pytest.raises(AttributeError):
-        DEFAULT_SPEC.windows_s = (1,)  # type: ignore[misc]
+        DEFAULT_SPEC.names = ()  # type: ignore[misc]
 
 
 def test_custom_spec_feature_vector_length(card: Callable[..., tuple[CardState, Apply]]) -> None:
     """apply_event returns one value per spec name, computed over the spec's windows."""
-    spec = FeatureSpec(windows_s=(10,), distinct_window_s=10, ratio_window_s=10)
+    spec = fraud_like((10,), 10, 10)
     _, apply = card(spec=spec)
     apply("a", T, 2.0, "m1")
     b = apply("b", T + 5 * S, 4.0, "m2")
@@ -460,7 +453,7 @@ def test_duplicate_of_first_event(card: Callable[..., tuple[CardState, Apply]]) 
 def test_new_state_shape() -> None:
     """A new state is empty and independent of other new states."""
     a, b = new_state(), new_state()
-    assert a == {"n": 0, "prev": None, "ts": [], "amt": [], "mer": [], "id": [], "seq": []}
+    assert a == {"n": 0, "prev": None, "pv": None, "ts": [], "id": [], "seq": [], "values": [[], []]}
     a["ts"].append(1)
     assert b["ts"] == []
 
@@ -481,11 +474,11 @@ def test_state_survives_a_json_round_trip() -> None:
     plain, through_json = new_state(), new_state()
     for ev in events:
         a = apply_event(
-            plain, ev.id, ev.ts, ev.amount, ev.merchant, allowed_lateness_ms=LATENESS_MS
+            plain, ev.id, ev.ts, (ev.amount, ev.merchant), allowed_lateness_ms=LATENESS_MS
         )
         through_json = json.loads(json.dumps(through_json))
         b = apply_event(
-            through_json, ev.id, ev.ts, ev.amount, ev.merchant, allowed_lateness_ms=LATENESS_MS
+            through_json, ev.id, ev.ts, (ev.amount, ev.merchant), allowed_lateness_ms=LATENESS_MS
         )
         assert a == b
     assert plain["prev"] is not None  # eviction happened along the way
@@ -503,7 +496,7 @@ def test_eviction_keeps_state_bounded() -> None:
     longest = 0
     for i in range(10_000):
         ts = T + i * spacing - rng.randrange(0, LATENESS_MS)  # jitter within the allowed lateness
-        apply_event(state, f"e{i}", ts, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+        apply_event(state, f"e{i}", ts, (1.0, "m"), allowed_lateness_ms=LATENESS_MS)
         applied.append(ts)
         max_ts = max(max_ts, ts)
         longest = max(longest, len(rows(state)))
@@ -595,13 +588,13 @@ def test_watermark_property(times: list[int], lateness: int) -> None:
 # --- property: incremental == brute force ---------------------------------------------------------
 
 
-def brute_force(history: Sequence[Ev], e: Ev, spec: FeatureSpec = DEFAULT_SPEC) -> list[float]:
-    """Features of ``e`` straight from the definition; ``history`` = events applied before ``e``."""
+def brute_force(history: Sequence[Ev], e: Ev) -> list[float]:
+    """The example spec's features of ``e`` straight from the definition; ``history`` = events applied before ``e``."""
     seen = [*history, e]
     out: list[float] = []
     means: dict[int, float] = {}
     distinct: dict[int, int] = {}
-    for w in spec.windows_s:
+    for w in (60, 600, 3600):
         s_w = [x for x in seen if e.ts - w * 1000 < x.ts <= e.ts]
         amounts = [x.amount for x in s_w]
         mean = sum(amounts) / len(amounts)
@@ -610,8 +603,8 @@ def brute_force(history: Sequence[Ev], e: Ev, spec: FeatureSpec = DEFAULT_SPEC) 
         out += [float(len(s_w)), float(sum(amounts)), mean, float(max(amounts))]
     earlier = [x.ts for x in history if x.ts <= e.ts]
     out.append((e.ts - max(earlier)) / 1000 if earlier else -1.0)
-    out.append(float(distinct[spec.distinct_window_s]))
-    ratio_mean = means[spec.ratio_window_s]
+    out.append(float(distinct[3600]))
+    ratio_mean = means[3600]
     out.append(e.amount / ratio_mean if ratio_mean else 0.0)
     return out
 
@@ -638,7 +631,7 @@ def test_incremental_equals_brute_force(
     for i, (offset, amount, merchant) in enumerate(raw):
         e = Ev(f"e{i}", T + offset, amount, merchant)
         applied = apply_event(
-            state, e.id, e.ts, e.amount, e.merchant, allowed_lateness_ms=lateness_ms
+            state, e.id, e.ts, (e.amount, e.merchant), allowed_lateness_ms=lateness_ms
         )
         assert applied.duplicate is False
         assert list(applied.features) == pytest.approx(brute_force(history, e), rel=1e-9, abs=1e-9)
@@ -673,7 +666,7 @@ def test_redeliveries_are_scored_like_the_first_time(
     for event_id, ts, amount, merchant in order:
         n_before, rows_before = state["n"], [list(r) for r in rows(state)]
         applied = apply_event(
-            state, event_id, ts, amount, merchant, allowed_lateness_ms=LATENESS_MS
+            state, event_id, ts, (amount, merchant), allowed_lateness_ms=LATENESS_MS
         )
         if event_id in first:
             assert applied.duplicate is True
@@ -696,10 +689,10 @@ def test_state_written_by_an_earlier_layout_is_upgraded_and_keeps_its_results() 
     fresh["prev"] = T - 10 * S
     for event_id, ts, amount, merchant in (("a", T, 5.0, "m1"), ("b", T + 30 * S, 7.0, "m2"),
                                            ("c", T + 10 * S, 1.0, "m1")):
-        apply_event(fresh, event_id, ts, amount, merchant, allowed_lateness_ms=LATENESS_MS)
+        apply_event(fresh, event_id, ts, (amount, merchant), allowed_lateness_ms=LATENESS_MS)
     assert state == fresh
-    after_old = apply_event(state, "d", T + 40 * S, 2.0, "m3", allowed_lateness_ms=LATENESS_MS)
-    after_fresh = apply_event(fresh, "d", T + 40 * S, 2.0, "m3", allowed_lateness_ms=LATENESS_MS)
+    after_old = apply_event(state, "d", T + 40 * S, (2.0, "m3"), allowed_lateness_ms=LATENESS_MS)
+    after_fresh = apply_event(fresh, "d", T + 40 * S, (2.0, "m3"), allowed_lateness_ms=LATENESS_MS)
     assert after_old == after_fresh
 
 
@@ -715,7 +708,7 @@ def _outcomes(events: Sequence[tuple[str, int, float, str]], hot_events: int,
             out.append(None)
             continue
         watermark.observe(ts)
-        out.append(apply_event(state, event_id, ts, amount, merchant, allowed_lateness_ms=LATENESS_MS))
+        out.append(apply_event(state, event_id, ts, (amount, merchant), allowed_lateness_ms=LATENESS_MS))
     return out, state
 
 
@@ -747,9 +740,40 @@ def test_window_maximum_below_a_later_higher_event(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(features, "HOT_EVENTS", 1)
     state = new_state()
     for i, amount in enumerate([5.0, 3.0, 9.0]):
-        apply_event(state, f"e{i}", T + i * S, amount, "m", allowed_lateness_ms=LATENESS_MS)
-    late = apply_event(state, "late", T + 1_500, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+        apply_event(state, f"e{i}", T + i * S, (amount, "m"), allowed_lateness_ms=LATENESS_MS)
+    late = apply_event(state, "late", T + 1_500, (1.0, "m"), allowed_lateness_ms=LATENESS_MS)
     assert window(late, 60) == (3.0, 9.0, 3.0, 5.0)
     assert state.index is not None and has_event(state, "late") and not has_event(state, "nobody")
-    again = apply_event(state, "late", T + 1_500, 1.0, "m", allowed_lateness_ms=LATENESS_MS)
+    again = apply_event(state, "late", T + 1_500, (1.0, "m"), allowed_lateness_ms=LATENESS_MS)
     assert again == Applied(late.features, True)
+
+
+# --- the example spec, bit for bit -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hot_events", [1 << 62, 1, 96])
+def test_the_example_spec_reproduces_the_features_seam_computed_before_specs(
+        hot_events: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """30,000 events (out of order, 5 % redelivered, three hot cards, amounts with many binary digits): every
+    feature and duplicate flag, as float bits, hashes to what the engine written for these fifteen features
+    alone gave (commit 1c210a3), with every card sliced, every card indexed, and the default threshold."""
+    monkeypatch.setattr(features, "HOT_EVENTS", hot_events)
+    rng = random.Random(20261202)
+    states: dict[str, CardState] = {}
+    digest = hashlib.sha256()
+    sent: list[tuple[str, str, int, float, str]] = []
+    t = T
+    for i in range(30_000):
+        t += rng.randrange(0, 4_000)
+        card_id = f"c{rng.randrange(40) if rng.random() < 0.7 else rng.randrange(3)}"
+        if sent and rng.random() < 0.05:
+            ev = sent[rng.randrange(max(0, len(sent) - 200), len(sent))]
+        else:
+            ts = t - (rng.randrange(0, 50_000) if rng.random() < 0.3 else 0)
+            amount = rng.choice((0.0, 1.5, rng.randrange(1, 10**6) / 100, 1e-3 * rng.random()))
+            ev = (f"e{i}", card_id, ts, amount, f"m{rng.randrange(30)}")
+            sent.append(ev)
+        state = states.setdefault(ev[1], new_state())
+        applied = apply_event(state, ev[0], ev[2], (ev[3], ev[4]), allowed_lateness_ms=60_000)
+        digest.update(struct.pack(f"<{len(applied.features)}d?", *applied.features, applied.duplicate))
+    assert digest.hexdigest() == "bac07f34f56bc3755a6a0cf61aacc0e2c666c742d7dea2cd569bfbc1266cf85b"

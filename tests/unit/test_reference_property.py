@@ -158,7 +158,7 @@ class Worker:
         if watermark.max_ts is None or ev.ts > watermark.max_ts:
             watermark.observe(ev.ts)
             cache.touch_watermark(partition)
-        applied = apply_event(state, ev.id, ev.ts, ev.amount, ev.merchant_id, allowed_lateness_ms=LATENESS_MS)
+        applied = apply_event(state, ev.id, ev.ts, (ev.amount, ev.merchant_id), allowed_lateness_ms=LATENESS_MS)
         if not applied.duplicate:
             cache.touch(partition, ev.card_id, ev.ts)
         return Scored(dict(zip(NAMES, applied.features, strict=True)))

@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 
 from agents.runtime import DeviceUnavailableError, ModelContractError, ModelRuntime, open_session
-from tables.features import DEFAULT_SPEC, FeatureSpec
+from tables.features import DEFAULT_SPEC
+from tests.specs import fraud_like
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "fraud-mlp.onnx"
@@ -242,7 +243,7 @@ def test_feature_names_metadata_not_a_list(model_copy: Callable[..., Path], bad:
 
 def test_input_width_must_match_spec(model_copy: Callable[..., Path]) -> None:
     """Names that agree but a 15-wide input for a 7-feature spec: the width check catches it."""
-    spec = FeatureSpec(windows_s=(60,), distinct_window_s=60, ratio_window_s=60)
+    spec = fraud_like((60,), 60, 60)
     path = model_copy(feature_names=json.dumps(list(spec.names)))
     with pytest.raises(ModelContractError, match="input width is 15"):
         ModelRuntime.load(path, feature_names=spec.names, device="cpu")
