@@ -48,8 +48,8 @@ registry-down:  ## Stop the schema registry started by registry-up.
 system-tools:  ## Install Chromium, chromedriver, Prometheus, Docker, docker-compose and mmdebstrap (Debian packages) for the tests, where possible.
 	@bash scripts/system_tools.sh
 
-demo: install kafka-jars  ## Start a broker and a worker, score ~30 s of live transactions, stop both (DEMO_ARGS="--duration 5").
-	$(PY) scripts/demo.py $(DEMO_ARGS)
+demo: install kafka-jars  ## Start a broker and a worker, score ~30 s of a live stream, stop both (SPEC=specs/sensors.toml, DEMO_ARGS="--duration 5").
+	$(PY) scripts/demo.py $(if $(SPEC),--spec $(SPEC)) $(DEMO_ARGS)
 
 test: install kafka-jars registry system-tools  ## Run unit and integration tests (starts and stops its own broker and registry), then compose-test.
 	$(PY) -m pytest
@@ -72,8 +72,8 @@ lint: install  ## ruff, mypy, and the docs' relative links and #anchors (lychee,
 	$(PY) -m mypy app agents tables bench
 	$(VENV)/bin/lychee --offline --include-fragments --no-progress README.md docs/*.md
 
-model: install  ## Retrain models/fraud-mlp.onnx (deterministic).
-	$(PY) scripts/train_model.py
+model: install  ## Retrain models/fraud-mlp.onnx (deterministic); SPEC=specs/sensors.toml: models/sensors-mlp.onnx.
+	$(PY) scripts/train_model.py $(if $(SPEC),--spec $(SPEC))
 
 bench-model: install  ## Rebuild models/fraud-mlp-bench.onnx, the heavier benchmark model (deterministic).
 	$(PY) scripts/train_model.py --bench-depth 2000 --name fraud-mlp-bench --out models/fraud-mlp-bench.onnx

@@ -10,9 +10,11 @@ Avro binary encoding of the datum (no container header): what Confluent's serial
   ``UNKNOWN_RECHECK_S``, a registry that did not answer for ``RETRY_AFTER_S``: records meanwhile get
   the refusal at once instead of each waiting (the outage policy: see the README's "Avro" section).
 * :class:`AvroInput`: resolves a batch's schema ids, then decodes each record with fastavro and validates
-  it as the JSON path does (:func:`agents.codec.validate_transaction`). Never raises on bad input.
-* :class:`AvroOutputs`: seam's output schemas (``agents/schemas/*.avsc``), checked against the feature
-  spec and against what seam writes, registered under ``<topic>-value``, and their encoders.
+  it as the JSON path does (:meth:`agents.codec.Contract.validate`). Never raises on bad input.
+* :func:`schema_for`: the schemas a feature spec implies: ``input`` (what producers write and
+  ``seam produce`` registers), and the outputs ``prediction``, ``features`` and ``shadow-score``.
+* :class:`AvroOutputs`: the output schemas, checked against what seam writes, registered under
+  ``<topic>-value``, and their encoders.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -34,7 +35,8 @@ import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.validation import validate
 
-from agents.codec import MAX_RECORD_BYTES, Invalid, Transaction, validate_transaction
+from agents.codec import DEFAULT_CONTRACT, MAX_RECORD_BYTES, Contract, Event, Invalid
+from tables.spec import FeatureSpec
 
 __all__ = [
     "AvroInput",
@@ -45,10 +47,9 @@ __all__ = [
     "SchemaRegistry",
     "WriterSchema",
     "declares_contract",
-    "SCHEMAS",
     "frame",
-    "load_schema",
-    "transaction_writer",
+    "input_writer",
+    "schema_for",
     "writer_schema",
 ]
 
@@ -56,7 +57,6 @@ logger = logging.getLogger(__name__)
 
 MAGIC = 0
 HEADER_BYTES = 5
-SCHEMAS = Path(__file__).resolve().parent / "schemas"
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 UNKNOWN_SCHEMA = 40403  # the Confluent API's error code for a schema id it does not have
 
@@ -66,10 +66,48 @@ def frame(schema_id: int, payload: bytes) -> bytes:
     return bytes((MAGIC,)) + schema_id.to_bytes(4, "big") + payload
 
 
-def load_schema(name: str) -> dict[str, Any]:
-    """One of seam's schemas (``agents/schemas/<name>.avsc``) as JSON."""
-    result: dict[str, Any] = json.loads((SCHEMAS / f"{name}.avsc").read_text())
-    return result
+_AVRO_TYPES = {"float": "double", "int": "long", "bool": "boolean", "string": "string"}
+OUTPUTS = ("prediction", "features", "shadow-score")
+
+
+def schema_for(name: str, spec: FeatureSpec) -> dict[str, Any]:
+    """The Avro schema ``name`` of ``spec``: ``input`` (a record of its id, key, time and fields), or one of
+    :data:`OUTPUTS` (each starts with the input's id, key and time)."""
+    head = [{"name": spec.event_id, "type": "string", "doc": "The event's id (1-128 characters)."},
+            {"name": spec.key, "type": "string", "doc": "The key state is kept by (1-128 characters); the Kafka key."},
+            {"name": spec.event_time, "type": "long" if spec.time_format == "epoch_ms" else "string",
+             "doc": "Event time, epoch milliseconds." if spec.time_format == "epoch_ms" else
+             "Event time, ISO-8601 with a zone."}]
+    if name == "input":
+        fields = [{"name": f.name, "type": ["null", _AVRO_TYPES[f.type]], "default": None} if f.optional
+                  else {"name": f.name, "type": _AVRO_TYPES[f.type]} for f in spec.fields]
+        return {"type": "record", "name": spec.avro_record, "namespace": "seam",
+                "doc": f"An input event of feature spec {spec.name!r}. Producers may add fields (with defaults): "
+                       "seam reads the ones below.", "fields": head + fields}
+    head[2] = {"name": spec.event_time, "type": "long", "doc": "The event's time, epoch milliseconds."}
+    if name == "prediction":
+        timing = {"type": "record", "name": "Timing", "fields": [
+            {"name": "queue_ms", "type": "double", "doc": "Time in the model boundary's queue."},
+            {"name": "infer_ms", "type": "double", "doc": "The batch's inference time."},
+            {"name": "batch_size", "type": "int"}]}
+        return {"type": "record", "name": "Prediction", "namespace": "seam", "doc": "One scored event.",
+                "fields": [*head, {"name": "score", "type": "double"},
+                           {"name": spec.label, "type": "boolean", "doc": "score >= the worker's threshold."},
+                           {"name": "model", "type": "string", "doc": "The model that scored it: name@version."},
+                           {"name": "timing", "type": timing}]}
+    if name == "features":
+        features = {"type": "record", "name": "Features",
+                    "fields": [{"name": feature, "type": "double"} for feature in spec.names]}
+        return {"type": "record", "name": "FeatureRecord", "namespace": "seam",
+                "doc": "The features a prediction was scored with (the feature log), the spec's names in model order.",
+                "fields": [*head, {"name": "feature_set", "type": "string",
+                                   "doc": "<count>-<digest of the names>, as tables.spec.feature_set_version."},
+                           {"name": "features", "type": features}]}
+    if name == "shadow-score":
+        return {"type": "record", "name": "ShadowScore", "namespace": "seam",
+                "doc": "A shadow model's score for an event, for offline comparison.",
+                "fields": [*head, {"name": "score", "type": "double"}, {"name": "model", "type": "string"}]}
+    raise ValueError(f"no schema {name!r}: the schemas are input, {', '.join(OUTPUTS)}")
 
 
 class RegistryUnavailable(Exception):  # noqa: N818 - a condition, named for what it says
@@ -148,29 +186,41 @@ class WriterSchema:
     typed: bool
 
 
-# The transaction contract's fields and the Avro types that give the Python types it needs.
-CONTRACT_TYPES = {"id": ("string",), "card_id": ("string",), "merchant_id": ("string",), "ts": ("long", "int"),
-                  "amount": ("double", "float")}
+# The Avro types that give the Python types a spec's field type needs (a float field also takes integers).
+_READS = {"float": ("double", "float", "long", "int"), "int": ("long", "int"), "bool": ("boolean",),
+          "string": ("string",)}
 
 
-def writer_schema(schema: Any) -> WriterSchema:
-    """Parse a writer schema for decoding. A ``ts`` declared as ``timestamp-millis`` is read as the long it is
-    on the wire (epoch milliseconds), not converted to a datetime."""
+def writer_schema(schema: Any, contract: Contract = DEFAULT_CONTRACT) -> WriterSchema:
+    """Parse a writer schema for decoding. An event time declared as ``timestamp-millis`` is read as the long it
+    is on the wire (epoch milliseconds), not converted to a datetime."""
     if isinstance(schema, dict) and schema.get("type") == "record" and isinstance(schema.get("fields"), list):
-        fields = [dict(f, type=f["type"]["type"]) if f.get("name") == "ts" and isinstance(f.get("type"), dict)
-                  and f["type"].get("logicalType") == "timestamp-millis" else f for f in schema["fields"]]
+        fields = [dict(f, type=f["type"]["type"]) if f.get("name") == contract.event_time
+                  and isinstance(f.get("type"), dict) and f["type"].get("logicalType") == "timestamp-millis"
+                  else f for f in schema["fields"]]
         schema = dict(schema, fields=fields)
-    return WriterSchema(parse_schema(schema), declares_contract(schema))
+    return WriterSchema(parse_schema(schema), declares_contract(schema, contract))
 
 
-def declares_contract(schema: Any) -> bool:
-    """Whether a record schema declares every field of the transaction contract with a type that fits it."""
+def declares_contract(schema: Any, contract: Contract = DEFAULT_CONTRACT) -> bool:
+    """Whether a record schema declares every field of the contract with a type that fits it (a required field
+    without null; an optional one with or without)."""
     if not isinstance(schema, dict) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list):
         return False
     types = {f.get("name"): f.get("type") for f in schema["fields"] if isinstance(f, dict)}
-    if any(types.get(name) not in allowed for name, allowed in CONTRACT_TYPES.items()):
+    time_types = ("string",) if contract.iso_time else ("long", "int")
+    required: list[tuple[str, tuple[str, ...]]] = [
+        (contract.event_id, ("string",)), (contract.key, ("string",)), (contract.event_time, time_types)]
+    required += [(f.name, _READS[f.type]) for f in contract.spec.fields if not f.optional]
+    if any(types.get(name) not in allowed for name, allowed in required):
         return False
-    return types.get("country", "string") in ("string", ["null", "string"], ["string", "null"])
+    for f in contract.spec.fields:
+        if f.optional and f.name in types:
+            declared = types[f.name]
+            options = declared if isinstance(declared, list) else [declared]
+            if any(option not in ("null", *_READS[f.type]) for option in options):
+                return False
+    return True
 
 
 class SchemaCache:
@@ -182,8 +232,9 @@ class SchemaCache:
 
     def __init__(self, fetch: Fetch, *, timeout_s: float, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 on_lookup: Callable[[str], None] | None = None) -> None:
+                 on_lookup: Callable[[str], None] | None = None, contract: Contract = DEFAULT_CONTRACT) -> None:
         self._fetch = fetch
+        self.contract = contract
         self.timeout_s = timeout_s
         self._clock = clock
         self._sleep = sleep
@@ -256,7 +307,7 @@ class SchemaCache:
         try:
             if kind.upper() != "AVRO":
                 raise ValueError(f"a {kind} schema, not Avro")
-            parsed = writer_schema(json.loads(text))
+            parsed = writer_schema(json.loads(text), self.contract)
         except Exception as exc:  # noqa: BLE001 - not JSON, not a schema fastavro can read
             self._count("unsupported")
             self.refused[schema_id] = _Refused(
@@ -273,10 +324,11 @@ class SchemaCache:
 
 
 class AvroInput:
-    """Decodes Confluent-framed Avro transactions (their schemas looked up per batch, before decoding)."""
+    """Decodes Confluent-framed Avro input records (their schemas looked up per batch, before decoding)."""
 
     def __init__(self, cache: SchemaCache, max_bytes: int = MAX_RECORD_BYTES) -> None:
         self.cache = cache
+        self.contract = cache.contract
         self.max_bytes = max_bytes
 
     async def prepare(self, values: Iterable[bytes | None]) -> None:
@@ -288,7 +340,7 @@ class AvroInput:
         if missing:
             await self.cache.resolve(missing)
 
-    def decode(self, raw: bytes | None) -> Transaction | Invalid:
+    def decode(self, raw: bytes | None) -> Event | Invalid:
         """Decode and validate one record value (its schema resolved by :meth:`prepare`); never raises."""
         if raw is None or len(raw) == 0:
             return Invalid("empty_value", "record has no value")
@@ -308,10 +360,10 @@ class AvroInput:
             return Invalid("undecodable", f"{size - stream.tell()} bytes left after the Avro record of schema id "
                                           f"{_schema_id(raw)}")
         if schema.typed:  # a record schema with the contract's types
-            return validate_transaction(obj, typed=True)  # type: ignore[arg-type]
+            return self.contract.validate(obj, typed=True)  # type: ignore[arg-type]
         if not isinstance(obj, dict):
             return Invalid("not_a_record", f"schema id {_schema_id(raw)} is not a record schema")
-        return validate_transaction(obj)
+        return self.contract.validate(obj)
 
     def _not_decodable(self, raw: bytes) -> Invalid:
         """Why a value whose header names no schema found cannot be decoded."""
@@ -346,102 +398,98 @@ class AvroWriter:
         return stream.getvalue()
 
 
-async def transaction_writer(registry_url: str, subject: str, timeout_s: float = 10.0) -> AvroWriter:
-    """A producer's encoder of transactions (dicts) with seam's schema, registered under ``subject`` first."""
+async def input_writer(registry_url: str, subject: str, spec: FeatureSpec, timeout_s: float = 10.0) -> AvroWriter:
+    """A producer's encoder of input events (dicts) with ``spec``'s input schema, registered under ``subject`` first."""
     registry = SchemaRegistry(registry_url)
     try:
-        schema = load_schema("transaction")
+        schema = schema_for("input", spec)
         return AvroWriter(await registry.register(subject, schema, timeout_s), schema)
     finally:
         await registry.close()
 
 
 class AvroOutputs:
-    """seam's output records in Avro: the schemas in ``agents/schemas``, registered under ``<topic>-value``.
+    """seam's output records in Avro: the spec's output schemas (:func:`schema_for`), registered under
+    ``<topic>-value``.
 
     Encoded field by field for these schemas (a third of fastavro's cost per record: no dict built, no
-    generic dispatch), and checked byte for byte against fastavro's encoding of the schema files at start
-    (:meth:`check`): a schema file changed without its encoder refuses to start.
+    generic dispatch), and checked byte for byte against fastavro's encoding of the same schemas at start
+    (:meth:`check`): an encoder that drifted from its schema refuses to start.
     """
 
-    def __init__(self, ids: dict[str, int], feature_names: Sequence[str]) -> None:
-        self._feature_names = tuple(feature_names)
-        self._features = struct.Struct(f"<{len(self._feature_names)}d")
+    def __init__(self, ids: dict[str, int], contract: Contract) -> None:
+        self.contract = contract
+        self._features = struct.Struct(f"<{len(contract.spec.names)}d")
         self._headers = {name: frame(schema_id, b"") for name, schema_id in ids.items()}
-        self._last: tuple[Transaction | None, bytes] = (None, b"")
+        self._last: tuple[Event | None, bytes] = (None, b"")
 
     @classmethod
-    def check(cls, feature_names: Sequence[str]) -> None:
-        """Refuse schemas that do not match what seam writes (the feature spec's names, in order, included)."""
-        features = load_schema("features")
-        feature_type = next(f["type"] for f in features["fields"] if f["name"] == "features")
-        declared = [(f["name"], f["type"]) for f in feature_type["fields"]]
-        expected = [(name, "double") for name in feature_names]
-        if declared != expected:
-            raise ValueError(f"agents/schemas/features.avsc does not match the feature spec: its features are "
-                             f"{declared}, the spec's {expected}")
-        outputs = cls({"prediction": 1, "features": 1, "shadow-score": 1}, feature_names)
-        reference = {name: AvroWriter(1, load_schema(name)) for name in ("prediction", "features", "shadow-score")}
-        count = len(feature_names)
-        for tx, score in ((Transaction("e-1", "c-1", 1_700_000_000_000, 1.0, "m-1", None), 0.25),
-                          (Transaction("é" * 70, "ç-💳", 9_999_999_999_999, -1e12, "m", "DE"), 0.75)):
-            values = tuple(float(i) - count / 2 for i in range(count))
+    def check(cls, contract: Contract) -> None:
+        """Refuse to start if what seam writes is not what its schemas say (the spec's names, in order, included)."""
+        spec = contract.spec
+        outputs = cls(dict.fromkeys(OUTPUTS, 1), contract)
+        reference = {name: AvroWriter(1, schema_for(name, spec)) for name in OUTPUTS}
+        count = len(spec.names)
+        values = tuple(float(i) - count / 2 for i in range(count))
+        for tx, score in ((Event("e-1", "c-1", 1_700_000_000_000, ()), 0.25),
+                          (Event("é" * 70, "ç-💳", 9_999_999_999_999, ()), 0.75)):
             samples = {
-                "prediction": (outputs.prediction(tx, score=score, threshold=0.5, model="fraud-mlp@12", queue_ms=1.5,
+                "prediction": (outputs.prediction(tx, score=score, threshold=0.5, model="model@12", queue_ms=1.5,
                                                   infer_ms=0.1234, batch_size=300),
-                               _prediction_datum(tx, score, 0.5, "fraud-mlp@12", 1.5, 0.1234, 300)),
+                               _prediction_datum(contract, tx, score, 0.5, "model@12", 1.5, 0.1234, 300)),
                 "features": (outputs.feature_record(tx, feature_set="15-abc", features=values),
-                             _features_datum(tx, "15-abc", dict(zip(feature_names, values, strict=True)))),
-                "shadow-score": (outputs.shadow_score(tx, score=score, model="fraud-mlp@2"),
-                                 _shadow_datum(tx, score, "fraud-mlp@2")),
+                             _head(contract, tx) | {"feature_set": "15-abc",
+                                                    "features": dict(zip(spec.names, values, strict=True))}),
+                "shadow-score": (outputs.shadow_score(tx, score=score, model="model@2"),
+                                 _head(contract, tx) | {"score": score, "model": "model@2"}),
             }
             for name, (written, datum) in samples.items():
-                validate(datum, parse_schema(load_schema(name)), raise_errors=True, strict=True)
+                validate(datum, parse_schema(schema_for(name, spec)), raise_errors=True, strict=True)
                 if written != reference[name](datum):
-                    raise ValueError(f"agents/schemas/{name}.avsc does not match what seam writes for it "
+                    raise ValueError(f"the {name} schema does not match what seam writes for it "
                                      "(agents.avro.AvroOutputs): change both together")
 
     @classmethod
-    async def register(cls, registry: SchemaRegistry, subjects: dict[str, str], feature_names: Sequence[str],
+    async def register(cls, registry: SchemaRegistry, subjects: dict[str, str], contract: Contract,
                        timeout_s: float) -> AvroOutputs:
         """Check the schemas, register each under its subject (schema name -> subject), retrying up to ``timeout_s``."""
-        cls.check(feature_names)
+        cls.check(contract)
         deadline = time.monotonic() + timeout_s
         ids = {}
         for name, subject in subjects.items():
             while True:
                 try:
-                    ids[name] = await registry.register(subject, load_schema(name))
+                    ids[name] = await registry.register(subject, schema_for(name, contract.spec))
                     break
                 except RegistryUnavailable:
                     if time.monotonic() >= deadline:
                         raise
                     await asyncio.sleep(0.5)
             logger.info("output schema %s registered under %s as id %d", name, subject, ids[name])
-        return cls(ids, feature_names)
+        return cls(ids, contract)
 
-    def prediction(self, tx: Transaction, *, score: float, threshold: float, model: str, queue_ms: float,
+    def prediction(self, tx: Event, *, score: float, threshold: float, model: str, queue_ms: float,
                    infer_ms: float, batch_size: int) -> bytes:
-        """agents/schemas/prediction.avsc."""
+        """The prediction schema."""
         return b"".join((self._headers["prediction"], self._start(tx), _DOUBLE.pack(score),
                          b"\x01" if score >= threshold else b"\x00", _tag(model),
                          _TWO_DOUBLES.pack(round(queue_ms, 3), round(infer_ms, 3)), _long(batch_size)))
 
-    def feature_record(self, tx: Transaction, *, feature_set: str, features: Sequence[float]) -> bytes:
-        """agents/schemas/features.avsc."""
+    def feature_record(self, tx: Event, *, feature_set: str, features: Sequence[float]) -> bytes:
+        """The features schema."""
         return b"".join((self._headers["features"], self._start(tx), _tag(feature_set),
                          self._features.pack(*features)))
 
-    def shadow_score(self, tx: Transaction, *, score: float, model: str) -> bytes:
-        """agents/schemas/shadow-score.avsc."""
+    def shadow_score(self, tx: Event, *, score: float, model: str) -> bytes:
+        """The shadow-score schema."""
         return b"".join((self._headers["shadow-score"], self._start(tx), _DOUBLE.pack(score), _tag(model)))
 
-    def _start(self, tx: Transaction) -> bytes:
-        """The fields every output schema starts with: id, card_id, ts (a prediction and its feature-log record
+    def _start(self, tx: Event) -> bytes:
+        """The fields every output schema starts with: id, key, time (a prediction and its feature-log record
         are encoded one after the other: the second reuses them)."""
         last, start = self._last
         if tx is not last:
-            start = _string(tx.id) + _string(tx.card_id) + _long(tx.ts)
+            start = _string(tx.id) + _string(tx.key) + _long(tx.ts)
             self._last = (tx, start)
         return start
 
@@ -479,16 +527,12 @@ def _tag(text: str) -> bytes:
     return _string(text)
 
 
-def _prediction_datum(tx: Transaction, score: float, threshold: float, model: str, queue_ms: float,
+def _head(contract: Contract, tx: Event) -> dict[str, Any]:
+    return {contract.event_id: tx.id, contract.key: tx.key, contract.event_time: tx.ts}
+
+
+def _prediction_datum(contract: Contract, tx: Event, score: float, threshold: float, model: str, queue_ms: float,
                       infer_ms: float, batch_size: int) -> dict[str, Any]:
-    return {"id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "score": score, "is_fraud": score >= threshold,
-            "model": model, "timing": {"queue_ms": round(queue_ms, 3), "infer_ms": round(infer_ms, 3),
-                                       "batch_size": batch_size}}
-
-
-def _features_datum(tx: Transaction, feature_set: str, features: dict[str, float]) -> dict[str, Any]:
-    return {"id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "feature_set": feature_set, "features": features}
-
-
-def _shadow_datum(tx: Transaction, score: float, model: str) -> dict[str, Any]:
-    return {"id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "score": score, "model": model}
+    return _head(contract, tx) | {"score": score, contract.label: score >= threshold, "model": model,
+                                  "timing": {"queue_ms": round(queue_ms, 3), "infer_ms": round(infer_ms, 3),
+                                             "batch_size": batch_size}}

@@ -1,52 +1,57 @@
-"""Decode and validate raw transaction records; encode predictions and dead letters (pure code)."""
+"""Decode and validate raw input records by their feature spec; encode predictions and dead letters (pure code).
+
+A :class:`Contract` is what a spec (:mod:`tables.spec`) asks of an input record: its key, event id and
+event time, and its declared fields with their types and bounds. It turns a decoded record (JSON or
+Avro) into an :class:`Event`, or says why not with an :class:`Invalid` (a dead-letter reason), and it
+names the fields of the outputs (predictions and shadow scores carry the spec's id, key and time).
+"""
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
-import math
 import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
+from tables.features import DEFAULT_SPEC
+from tables.spec import MAX_ID_CHARS, FeatureSpec, check_value
+
 __all__ = [
+    "DEFAULT_CONTRACT",
+    "Contract",
+    "Event",
     "Invalid",
     "JsonInput",
-    "Transaction",
     "dead_letter",
-    "decode_transaction",
     "late_record",
     "FeatureRecord",
     "decode_feature_record",
     "feature_record",
-    "prediction",
-    "shadow_score",
-    "validate_transaction",
 ]
 
 MAX_RECORD_BYTES = 64 * 1024
-MAX_ID_CHARS = 128
 # Event times from 2001-09-09 to 2286-11-20 in epoch milliseconds: rejects seconds and microseconds.
 MIN_TS_MS = 1_000_000_000_000
 MAX_TS_MS = 9_999_999_999_999
-MAX_ABS_AMOUNT = 1e12
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
-class Transaction:
-    """A validated card transaction; ``ts`` is its event time in epoch milliseconds."""
+class Event:
+    """A validated input record: ``ts`` is its event time in epoch milliseconds, ``values`` the values of
+    its spec's stored fields (``spec.stored``, in order; numbers as floats) that its features read."""
 
     id: str
-    card_id: str
+    key: str
     ts: int
-    amount: float
-    merchant_id: str
-    country: str | None
+    values: tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +62,107 @@ class Invalid:
     message: str
 
 
+class Contract:
+    """What a feature spec asks of an input record, and the names its outputs carry."""
+
+    __slots__ = ("_fields", "event_id", "event_time", "iso_time", "key", "label", "spec")
+
+    def __init__(self, spec: FeatureSpec) -> None:
+        self.spec = spec
+        self.event_id, self.key, self.event_time = spec.event_id, spec.key, spec.event_time
+        self.iso_time = spec.time_format == "iso8601"
+        self.label = spec.label
+        slots = {name: index for index, name in enumerate(spec.stored)}
+        # (field, numeric, its slot in Event.values or -1): checked in declaration order.
+        self._fields = tuple((f, f.type != "string", slots.get(f.name, -1)) for f in spec.fields)
+
+    def validate(self, obj: dict[str, Any], *, typed: bool = False) -> Event | Invalid:
+        """Check a decoded record (JSON or Avro) against the contract; never raises.
+
+        ``typed``: the record was decoded with a schema that declares the contract's fields with their
+        types (an Avro writer schema, see :func:`agents.avro.declares_contract`): only values are checked.
+        """
+        event_id: Any = obj.get(self.event_id)
+        key: Any = obj.get(self.key)
+        ts: Any = obj.get(self.event_time)
+        for name, value in ((self.event_id, event_id), (self.key, key), (self.event_time, ts)):
+            if value is None:
+                return Invalid("missing_field", f"required field {name!r} is missing")
+        for name, value in ((self.event_id, event_id), (self.key, key)):
+            if not typed and not isinstance(value, str):
+                return Invalid("wrong_type", f"{name!r} must be a string, got {type(value).__name__}")
+            if not 0 < len(value) <= MAX_ID_CHARS:
+                return Invalid("out_of_range", f"{name!r} must have 1..{MAX_ID_CHARS} characters")
+            if not value.isascii() and not _is_utf8(value):
+                return Invalid("invalid_json", f"{name!r} contains an unpaired surrogate escape")
+        if self.iso_time:
+            parsed = _iso_ms(ts)
+            if isinstance(parsed, str):
+                return Invalid("wrong_type" if not isinstance(ts, str) else "out_of_range",
+                               f"{self.event_time!r} {parsed}")
+            ts = parsed
+        elif not typed and (isinstance(ts, bool) or not isinstance(ts, int)):
+            return Invalid("wrong_type",
+                           f"{self.event_time!r} must be an integer (epoch ms), got {type(ts).__name__}")
+        if not MIN_TS_MS <= ts <= MAX_TS_MS:
+            return Invalid("out_of_range", f"{self.event_time!r} {ts} is not an epoch-millisecond time")
+        values: list[Any] = [None] * len(self.spec.stored)
+        for field, numeric, slot in self._fields:
+            value = obj.get(field.name)
+            if value is None:
+                if not field.optional:
+                    return Invalid("missing_field", f"required field {field.name!r} is missing")
+                value = field.default
+                if value is None:
+                    continue
+            else:
+                problem = check_value(field, value)
+                if problem is not None:
+                    return Invalid(problem[0], f"{field.name!r} {problem[1]}")
+                if not numeric and not value.isascii() and not _is_utf8(value):
+                    return Invalid("invalid_json", f"{field.name!r} contains an unpaired surrogate escape")
+            if slot >= 0:
+                # Numbers as floats; strings repeat across events and stay in states for hours: one object each.
+                values[slot] = float(value) if numeric else sys.intern(value)
+        return Event(event_id, key, ts, tuple(values))
+
+    def prediction(self, tx: Event, *, score: float, threshold: float, model: str, queue_ms: float,
+                   infer_ms: float, batch_size: int) -> bytes:
+        """Encode one prediction record, JSON (its features go to the feature log: :func:`feature_record`)."""
+        return orjson.dumps({
+            self.event_id: tx.id,
+            self.key: tx.key,
+            self.event_time: tx.ts,
+            "score": score,
+            self.label: score >= threshold,
+            "model": model,
+            "timing": {"queue_ms": round(queue_ms, 3), "infer_ms": round(infer_ms, 3), "batch_size": batch_size},
+        })
+
+    def shadow_score(self, tx: Event, *, score: float, model: str) -> bytes:
+        """Encode one shadow model's score, JSON (keyed like the prediction it shadows, for offline comparison)."""
+        return orjson.dumps({self.event_id: tx.id, self.key: tx.key, self.event_time: tx.ts, "score": score,
+                             "model": model})
+
+    def fields_of(self, tx: Event) -> dict[str, Any]:
+        """The event as a record of the spec's names: id, key, time (epoch ms) and the stored fields."""
+        return {self.event_id: tx.id, self.key: tx.key, self.event_time: tx.ts,
+                **dict(zip(self.spec.stored, tx.values, strict=True))}
+
+
+DEFAULT_CONTRACT = Contract(DEFAULT_SPEC)
+
+
 class JsonInput:
-    """Decodes JSON transaction records (values of at most ``max_bytes``)."""
+    """Decodes JSON input records (values of at most ``max_bytes``) by a contract."""
 
-    __slots__ = ("max_bytes",)
+    __slots__ = ("contract", "max_bytes")
 
-    def __init__(self, max_bytes: int = MAX_RECORD_BYTES) -> None:
+    def __init__(self, contract: Contract = DEFAULT_CONTRACT, max_bytes: int = MAX_RECORD_BYTES) -> None:
+        self.contract = contract
         self.max_bytes = max_bytes
 
-    def decode(self, raw: bytes | None) -> Transaction | Invalid:
+    def decode(self, raw: bytes | None) -> Event | Invalid:
         """Decode and validate one record value; never raises on bad input."""
         if raw is None or len(raw) == 0:
             return Invalid("empty_value", "record has no value")
@@ -82,58 +179,20 @@ class JsonInput:
                 return Invalid("invalid_json", f"not valid JSON: {exc}")
         if not isinstance(obj, dict):
             return Invalid("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
-        return validate_transaction(obj)
+        return self.contract.validate(obj)
 
 
-def decode_transaction(raw: bytes | None, max_bytes: int = MAX_RECORD_BYTES) -> Transaction | Invalid:
-    """Decode one JSON record value; never raises on bad input."""
-    return JsonInput(max_bytes).decode(raw)
-
-
-def validate_transaction(obj: dict[str, Any], *, typed: bool = False) -> Transaction | Invalid:
-    """Check a decoded record (JSON or Avro) against the transaction contract; never raises.
-
-    ``typed``: the record was decoded with a schema that declares the contract's fields with their types
-    (an Avro writer schema, see :func:`agents.avro.declares_contract`): only their values are checked.
-    """
-    if not typed:
-        for name in ("id", "card_id", "ts", "amount", "merchant_id"):
-            if name not in obj or obj[name] is None:
-                return Invalid("missing_field", f"required field {name!r} is missing")
-        for name in ("id", "card_id", "merchant_id"):
-            value = obj[name]
-            if not isinstance(value, str):
-                return Invalid("wrong_type", f"{name!r} must be a string, got {type(value).__name__}")
-            if not value.isascii() and not _is_utf8(value):
-                return Invalid("invalid_json", f"{name!r} contains an unpaired surrogate escape")
-        ts = obj["ts"]
-        if isinstance(ts, bool) or not isinstance(ts, int):
-            return Invalid("wrong_type", f"'ts' must be an integer (epoch ms), got {type(ts).__name__}")
-        amount = obj["amount"]
-        if isinstance(amount, bool) or not isinstance(amount, int | float):
-            return Invalid("wrong_type", f"'amount' must be a number, got {type(amount).__name__}")
-        country = obj.get("country")
-        if country is not None and not isinstance(country, str):
-            return Invalid("wrong_type", f"'country' must be a string, got {type(country).__name__}")
-    else:
-        ts, amount, country = obj["ts"], obj["amount"], obj.get("country")
-    event_id, card_id, merchant_id = obj["id"], obj["card_id"], obj["merchant_id"]
-    if not (0 < len(event_id) <= MAX_ID_CHARS and 0 < len(card_id) <= MAX_ID_CHARS
-            and 0 < len(merchant_id) <= MAX_ID_CHARS):
-        name = next(n for n, v in (("id", event_id), ("card_id", card_id), ("merchant_id", merchant_id))
-                    if not 0 < len(v) <= MAX_ID_CHARS)
-        return Invalid("out_of_range", f"{name!r} must have 1..{MAX_ID_CHARS} characters")
-    if not MIN_TS_MS <= ts <= MAX_TS_MS:
-        return Invalid("out_of_range", f"'ts' {ts} is not an epoch-millisecond time")
-    if isinstance(amount, int) and abs(amount) > MAX_ABS_AMOUNT:
-        return Invalid("out_of_range", f"'amount' exceeds {MAX_ABS_AMOUNT:g} in magnitude")
-    amount = float(amount)
-    if not math.isfinite(amount):
-        return Invalid("not_finite", f"'amount' must be finite, got {amount}")
-    if abs(amount) > MAX_ABS_AMOUNT:
-        return Invalid("out_of_range", f"'amount' {amount} exceeds {MAX_ABS_AMOUNT:g} in magnitude")
-    # Merchant ids repeat across events and stay in card states for hours: one string object each.
-    return Transaction(event_id, card_id, ts, amount, sys.intern(merchant_id), country)
+def _iso_ms(value: Any) -> int | str:
+    """An ISO-8601 time with a zone (``2026-12-02T13:35:14.250+00:00``, ``...Z``) in epoch ms, or why not."""
+    if not isinstance(value, str):
+        return f"must be an ISO-8601 time with a zone, got {type(value).__name__}"
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return f"{value[:64]!r} is not an ISO-8601 time"
+    if parsed.tzinfo is None:
+        return f"{value[:64]!r} has no zone (add Z or +hh:mm)"
+    return (parsed - _EPOCH) // _MILLISECOND  # exact: whole milliseconds, rounded down
 
 
 def _is_utf8(text: str) -> bool:
@@ -193,33 +252,6 @@ def dead_letter(
     })
 
 
-def prediction(
-    tx: Transaction,
-    *,
-    score: float,
-    threshold: float,
-    model: str,
-    queue_ms: float,
-    infer_ms: float,
-    batch_size: int,
-) -> bytes:
-    """Encode one prediction record (its features go to the feature log: :func:`feature_record`)."""
-    return orjson.dumps({
-        "id": tx.id,
-        "card_id": tx.card_id,
-        "ts": tx.ts,
-        "score": score,
-        "is_fraud": score >= threshold,
-        "model": model,
-        "timing": {"queue_ms": round(queue_ms, 3), "infer_ms": round(infer_ms, 3), "batch_size": batch_size},
-    })
-
-
-def shadow_score(tx: Transaction, *, score: float, model: str) -> bytes:
-    """Encode one shadow model's score (keyed by card like the prediction it shadows, for offline comparison)."""
-    return orjson.dumps({"id": tx.id, "card_id": tx.card_id, "ts": tx.ts, "score": score, "model": model})
-
-
 _FEATURE_HEADER = struct.Struct("<B6sqH")  # format, feature-set digest, event time (ms), feature count
 FEATURE_RECORD_FORMAT = 1
 
@@ -234,7 +266,7 @@ class FeatureRecord:
     features: tuple[float, ...]
 
 
-def feature_record(tx: Transaction, *, feature_set: str, features: Sequence[float]) -> bytes:
+def feature_record(tx: Event, *, feature_set: str, features: Sequence[float]) -> bytes:
     """Encode the features a prediction was scored with, in the feature set's order (the feature log).
 
     Binary, little-endian: format byte (1), the feature set's 6-byte digest, event time (int64 ms),
@@ -257,7 +289,7 @@ def decode_feature_record(value: bytes) -> FeatureRecord:
 
 
 def late_record(
-    tx: Transaction,
+    tx: Event,
     *,
     raw: bytes,
     watermark: int,
@@ -266,11 +298,12 @@ def late_record(
     offset: int,
     routed_at_ms: int,
     raw_is_json: bool = True,
+    contract: Contract = DEFAULT_CONTRACT,
 ) -> bytes:
     """Encode a late event: the original record, why it was not applied, and where it came from.
 
-    ``raw_is_json``: the record is embedded as it came; otherwise (Avro) as the transaction's fields,
-    with the original bytes in ``value_base64``.
+    ``raw_is_json``: the record is embedded as it came; otherwise (Avro) as the event's fields by the
+    spec's names (:meth:`Contract.fields_of`), with the original bytes in ``value_base64``.
     """
     record: dict[str, Any] = {
         "reason": "late",
@@ -279,7 +312,7 @@ def late_record(
         "topic": topic,
         "partition": partition,
         "offset": offset,
-        "event": orjson.Fragment(raw) if raw_is_json else dataclasses.asdict(tx),
+        "event": orjson.Fragment(raw) if raw_is_json else contract.fields_of(tx),
         "routed_at": routed_at_ms,
     }
     if not raw_is_json:

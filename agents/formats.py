@@ -14,22 +14,22 @@ from typing import Protocol
 
 from agents import codec
 from agents.avro import AvroInput, AvroOutputs, SchemaCache, SchemaRegistry
-from agents.codec import MAX_RECORD_BYTES, Invalid, Transaction
+from agents.codec import DEFAULT_CONTRACT, MAX_RECORD_BYTES, Contract, Event, Invalid
 
 __all__ = ["RecordFormat", "avro_format", "json_format"]
 
 
 class PredictionEncoder(Protocol):
-    def __call__(self, tx: Transaction, *, score: float, threshold: float, model: str, queue_ms: float,
+    def __call__(self, tx: Event, *, score: float, threshold: float, model: str, queue_ms: float,
                  infer_ms: float, batch_size: int) -> bytes: ...
 
 
 class FeatureEncoder(Protocol):
-    def __call__(self, tx: Transaction, *, feature_set: str, features: Sequence[float]) -> bytes: ...
+    def __call__(self, tx: Event, *, feature_set: str, features: Sequence[float]) -> bytes: ...
 
 
 class ShadowEncoder(Protocol):
-    def __call__(self, tx: Transaction, *, score: float, model: str) -> bytes: ...
+    def __call__(self, tx: Event, *, score: float, model: str) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,8 @@ class RecordFormat:
     """How records are decoded and outputs encoded; ``prepare`` (if any) runs on a batch's values first."""
 
     name: str
-    decode: Callable[[bytes | None], Transaction | Invalid]
+    contract: Contract
+    decode: Callable[[bytes | None], Event | Invalid]
     prediction: PredictionEncoder
     feature_record: FeatureEncoder
     shadow_score: ShadowEncoder
@@ -50,23 +51,24 @@ class RecordFormat:
         return self.name == "json"
 
 
-def json_format(max_record_bytes: int = MAX_RECORD_BYTES) -> RecordFormat:
+def json_format(contract: Contract = DEFAULT_CONTRACT, max_record_bytes: int = MAX_RECORD_BYTES) -> RecordFormat:
     """JSON objects in, JSON predictions and shadow scores out (the feature log in seam's binary layout)."""
-    return RecordFormat("json", codec.JsonInput(max_record_bytes).decode, codec.prediction, codec.feature_record,
-                        codec.shadow_score)
+    return RecordFormat("json", contract, codec.JsonInput(contract, max_record_bytes).decode, contract.prediction,
+                        codec.feature_record, contract.shadow_score)
 
 
-async def avro_format(registry_url: str, *, subjects: dict[str, str], feature_names: Sequence[str],
+async def avro_format(registry_url: str, *, subjects: dict[str, str], contract: Contract,
                       timeout_s: float, max_record_bytes: int = MAX_RECORD_BYTES,
                       on_lookup: Callable[[str], None] | None = None) -> RecordFormat:
-    """Avro in and out: writer schemas fetched by id from the registry; seam's output schemas registered under
-    ``subjects`` (schema name -> subject) before anything is written."""
+    """Avro in and out: writer schemas fetched by id from the registry; the spec's output schemas registered
+    under ``subjects`` (schema name -> subject) before anything is written."""
     registry = SchemaRegistry(registry_url)
     try:
-        outputs = await AvroOutputs.register(registry, subjects, feature_names, timeout_s)
+        outputs = await AvroOutputs.register(registry, subjects, contract, timeout_s)
     except BaseException:
         await registry.close()
         raise
-    reader = AvroInput(SchemaCache(registry.schema, timeout_s=timeout_s, on_lookup=on_lookup), max_record_bytes)
-    return RecordFormat("avro", reader.decode, outputs.prediction, outputs.feature_record, outputs.shadow_score,
-                        prepare=reader.prepare, close=registry.close)
+    cache = SchemaCache(registry.schema, timeout_s=timeout_s, on_lookup=on_lookup, contract=contract)
+    reader = AvroInput(cache, max_record_bytes)
+    return RecordFormat("avro", contract, reader.decode, outputs.prediction, outputs.feature_record,
+                        outputs.shadow_score, prepare=reader.prepare, close=registry.close)

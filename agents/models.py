@@ -115,7 +115,7 @@ class ModelSet:
         to_primary: list[tuple[Sequence[float], ScoringItem]] = []
         to_canary: list[tuple[Sequence[float], ScoringItem]] = []
         for row in items:
-            (to_canary if canary_bucket(row[1].tx.card_id) < threshold else to_primary).append(row)
+            (to_canary if canary_bucket(row[1].tx.key) < threshold else to_primary).append(row)
         if to_primary:
             await self._submit(primary, to_primary)
         if to_canary:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agents.boundary import BatchResult
-from agents.codec import Invalid, Transaction, dead_letter, late_record
+from agents.codec import Event, Invalid, dead_letter, late_record
 from agents.formats import RecordFormat, json_format
 from agents.ingest import RawRecord, RecordBatch
 from agents.metrics import BoundaryMetrics
@@ -47,9 +47,9 @@ class Outputs:
 
 @dataclass(frozen=True, slots=True)
 class ScoringItem:
-    """A scored-to-be transaction, its features, and the record to acknowledge afterwards."""
+    """A scored-to-be event, its features, and the record to acknowledge afterwards."""
 
-    tx: Transaction
+    tx: Event
     features: tuple[float, ...]
     batch: RecordBatch
     record: RawRecord
@@ -89,6 +89,7 @@ class Pipeline:
         record_format: RecordFormat | None = None,
     ) -> None:
         self.format = record_format or json_format()  # how records are decoded and outputs encoded
+        self.spec = self.format.contract.spec  # the features computed, from the fields the format decodes
         self._metrics = metrics
         self._boundary = boundary
         self._outputs = outputs
@@ -128,7 +129,8 @@ class Pipeline:
         watermark = cache.watermark(partition)
         items: list[tuple[tuple[float, ...], ScoringItem]] = []
         records = batch.records
-        ahead: list[Transaction | Invalid] = []
+        spec = self.spec
+        ahead: list[Event | Invalid] = []
         for index, record in enumerate(records):
             self._unchecked += 1
             if self._unchecked >= HANDLE_CHECK_EVERY:
@@ -143,7 +145,7 @@ class Pipeline:
                     self._step_started = time.perf_counter()
             if not index % PREFETCH_RECORDS:
                 ahead = [decode(later.value) for later in records[index:index + PREFETCH_RECORDS]]
-                cache.prefetch(partition, [later.card_id for later in ahead if not isinstance(later, Invalid)])
+                cache.prefetch(partition, [later.key for later in ahead if not isinstance(later, Invalid)])
             tx = ahead[index % PREFETCH_RECORDS]
             if isinstance(tx, Invalid):
                 if metrics is not None:
@@ -152,24 +154,24 @@ class Pipeline:
                     tx, topic=record.topic, partition=record.partition, offset=record.offset,
                     key=record.key, value=record.value, routed_at_ms=_now_ms()))
                 continue
-            state = cache.card(partition, tx.card_id)
-            # A redelivered event already in its card's state is scored again (same features) even if
+            state = cache.card(partition, tx.key)
+            # A redelivered event already in its key's state is scored again (same features) even if
             # the restored watermark has passed it, as long as it lies within the replay horizon.
             if watermark.is_late(tx.ts) and not (
-                    has_event(state, tx.id) and replayable(state, tx.ts, allowed_lateness_ms=lateness_ms)):
+                    has_event(state, tx.id) and replayable(state, tx.ts, allowed_lateness_ms=lateness_ms, spec=spec)):
                 assert record.value is not None and watermark.value is not None
                 if metrics is not None:
                     metrics.late_records.labels(str(partition)).inc()
                 await self._route(batch, record, "late", self._outputs.late_topic, late_record(
                     tx, raw=record.value, watermark=watermark.value, topic=record.topic,
                     partition=record.partition, offset=record.offset, routed_at_ms=_now_ms(),
-                    raw_is_json=record_format.text_input))
+                    raw_is_json=record_format.text_input, contract=record_format.contract))
                 continue
             if watermark.observe(tx.ts):
                 cache.touch_watermark(partition)
-            applied = apply_event(state, tx.id, tx.ts, (tx.amount, tx.merchant_id), allowed_lateness_ms=lateness_ms)
+            applied = apply_event(state, tx.id, tx.ts, tx.values, allowed_lateness_ms=lateness_ms, spec=spec)
             if not applied.duplicate:
-                cache.touch(partition, tx.card_id, tx.ts)
+                cache.touch(partition, tx.key, tx.ts)
             items.append((applied.features, ScoringItem(tx, applied.features, batch, record, cache.epoch)))
         if self._write_through:
             cache.flush()
@@ -232,7 +234,7 @@ class Pipeline:
                     routed_at_ms=_now_ms())
                 deliveries.append(await outputs.send(item.batch, outputs.dlq_topic, record.key, value))
                 continue
-            key = item.tx.card_id.encode()
+            key = item.tx.key.encode()
             value = encode.prediction(item.tx, score=score, threshold=threshold, model=info.tag, queue_ms=queue_ms,
                                infer_ms=result.infer_ms, batch_size=size)
             deliveries.append(await outputs.send(item.batch, outputs.predictions_topic, key, value))

@@ -31,6 +31,7 @@ from mode import Service
 from agents import ingest
 from agents.boundary import BatchResult, ModelBoundary
 from agents.checkpoint import Checkpoint
+from agents.codec import Contract
 from agents.control import ControlFollower
 from agents.deployment import Deployment, DeploymentError, ModelRef, initial
 from agents.formats import RecordFormat, avro_format, json_format
@@ -46,7 +47,8 @@ from app.settings import Settings
 from tables.cache import StateCache, StoreCard
 from tables.card_store import Stored, changes
 from tables.changelog import ChangelogProducer, ChangelogWriter
-from tables.features import DEFAULT_SPEC, CardState
+from tables.features import CardState
+from tables.spec import FeatureSpec
 from tables.state import WATERMARK_KEY, StateTables
 
 __all__ = ["ScoringService", "install"]
@@ -99,15 +101,17 @@ class ScoringService(Service):
     runs; with none there, ``SEAM_MODEL_PATH``.
     """
 
-    def __init__(self, app: faust.App, settings: Settings, tables: StateTables, **kwargs: Any) -> None:
+    def __init__(self, app: faust.App, settings: Settings, tables: StateTables, spec: FeatureSpec,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.app, self.settings, self.tables = app, settings, tables
+        self.spec, self.contract = spec, Contract(spec)  # what the input holds and which features it gets
         self.models: ModelSet | None = None
         self.control: ControlFollower | None = None
         self.shadow_producer: OutputProducer | None = None
         self._shadow_starting = asyncio.Lock()
         self.pipeline: Pipeline | None = None
-        self.format: RecordFormat = json_format(settings.max_record_bytes)
+        self.format: RecordFormat = json_format(self.contract, settings.max_record_bytes)
         self.metrics = BoundaryMetrics()
         WorkerCollector(self._snapshot, registry=self.metrics.registry)
         self._revoked_at: float | None = None  # when the running rebalance revoked the partitions
@@ -181,18 +185,18 @@ class ScoringService(Service):
             if settings.feature_log_topic:
                 subjects["features"] = f"{settings.feature_log_topic}-value"
             self.format = await avro_format(
-                settings.schema_registry_url, subjects=subjects, feature_names=DEFAULT_SPEC.names,
+                settings.schema_registry_url, subjects=subjects, contract=self.contract,
                 timeout_s=settings.schema_registry_timeout_s, max_record_bytes=settings.max_record_bytes,
                 on_lookup=lambda result: self.metrics.schema_lookups.labels(result).inc())
         outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send,
                           feature_log_topic=settings.feature_log_topic or None)
-        lateness_ms = int(settings.allowed_lateness_s * 1000)
+        lateness_ms = self.spec.allowed_lateness_ms
         store_card, store_max_ts = self._state_writers()
         cache = StateCache(
             load_card=self.tables.load_state, load_cards=self.tables.load_states,
             load_watermark=self.tables.load_watermark, store_card=store_card,
             store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
-            max_clean_bytes=settings.state_cache_mb << 20,
+            max_clean_bytes=settings.state_cache_mb << 20, spec=self.spec,
             on_load=self.metrics.state_load.observe,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
         models = ModelSet(self._load_model, self._serve, self._on_dispatch_failure, metrics=self.metrics)
@@ -231,7 +235,7 @@ class ScoringService(Service):
     def _load_model(self, ref: ModelRef) -> ModelRuntime:
         """Read, hash, open, check and warm one model (blocking: on a thread of its own)."""
         settings = self.settings
-        runtime = ModelRuntime.load(ref.path, feature_names=DEFAULT_SPEC.names, device=settings.device,
+        runtime = ModelRuntime.load(ref.path, feature_names=self.spec.names, device=settings.device,
                                     threads=settings.inference_threads, sha256=ref.sha256)
         runtime.warmup(sorted({1, min(8, settings.max_batch_size), settings.max_batch_size}))
         return runtime
@@ -338,7 +342,7 @@ class ScoringService(Service):
         for index, (item, score) in enumerate(zip(result.items, result.scores.tolist(), strict=True)):
             if index not in errors:
                 deliveries.append(await producer.send(
-                    None, topic, item.tx.card_id.encode(), encode(item.tx, score=score, model=tag)))
+                    None, topic, item.tx.key.encode(), encode(item.tx, score=score, model=tag)))
         if self.settings.metrics:
             metrics.scores.observe_many(_scored(result))
         if deliveries:
@@ -445,9 +449,9 @@ class ScoringService(Service):
             await asyncio.wait([watch])
 
 
-def install(app: faust.App, settings: Settings, tables: StateTables) -> ScoringService:
-    """Add the scoring service and the ingestion path the settings choose to ``app``."""
-    scoring = ScoringService(app, settings, tables)
+def install(app: faust.App, settings: Settings, tables: StateTables, spec: FeatureSpec) -> ScoringService:
+    """Add the scoring service for ``spec`` and the ingestion path the settings choose to ``app``."""
+    scoring = ScoringService(app, settings, tables, spec)
     app.service(scoring)  # type: ignore[arg-type]
 
     async def revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:

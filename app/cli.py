@@ -17,11 +17,11 @@ from faust.cli import AppCommand, argument, option
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from agents import control
-from agents.avro import transaction_writer
+from agents.avro import input_writer
 from agents.deployment import Deployment, DeploymentError, ModelRef, deploy, initial, promote, rollback, set_shadow
 from app.loadgen import produce
 from app.settings import Settings
-from app.synthetic import TransactionGenerator
+from app.synthetic import generator_for
 from app.topics import ensure_topics
 from tables.spec import SpecError, load_spec
 from tables.spec import describe as describe_spec
@@ -33,39 +33,45 @@ def register(app: faust.App, settings: Settings) -> None:
     """Add ``seam produce``, ``seam bench``, ``seam model`` and ``seam spec`` to ``app``'s command line."""
 
     @app.command(
-        option("--rate", type=float, default=1000.0, show_default=True, help="Transactions per second."),
+        option("--rate", type=float, default=1000.0, show_default=True, help="Records per second."),
         option("--duration", type=float, default=30.0, show_default=True, help="Seconds to produce for."),
-        option("--cards", type=int, default=1000, show_default=True, help="Distinct cards."),
+        option("--keys", "--cards", "keys", type=int, default=1000, show_default=True,
+               help="Distinct keys (cards, devices)."),
         option("--seed", type=int, default=None, help="Random seed (default: time based)."),
         option("--topic", default=None, help="Topic (default: SEAM_INPUT_TOPIC)."),
         option("--late-rate", type=float, default=0.001, show_default=True,
                help="Share of events that arrive minutes late."),
         option("--start-ms", type=int, default=None,
-               help="Event time of the first transaction (default: now). Synthetic event time runs far "
+               help="Event time of the first record (default: now). Synthetic event time runs far "
                     "ahead of the wall clock; a later run on the same topic needs a later start."),
         name="produce",
     )
     async def produce_command(
-        self: AppCommand, rate: float, duration: float, cards: int, seed: int | None,
+        self: AppCommand, rate: float, duration: float, keys: int, seed: int | None,
         topic: str | None, late_rate: float, start_ms: int | None,
     ) -> None:
-        """Produce realistic synthetic transactions at a fixed rate (open loop), in SEAM_INPUT_FORMAT."""
+        """Produce the example stream of SEAM_FEATURE_SPEC (fraud or sensors) at a fixed rate (open loop), in
+        SEAM_INPUT_FORMAT."""
         seed = int(time.time()) if seed is None else seed
         start_ms = int(time.time() * 1000) if start_ms is None else start_ms
-        generator = TransactionGenerator(cards=cards, seed=seed, id_prefix=f"tx{seed}", start_ms=start_ms,
-                                         late_rate=late_rate)
+        spec = load_spec(settings.feature_spec)
+        try:
+            generator = generator_for(spec, keys=keys, seed=seed, id_prefix=f"e{seed}", start_ms=start_ms,
+                                      late_rate=late_rate)
+        except LookupError as exc:
+            raise SystemExit(f"seam produce: {exc}") from None
         target = topic or settings.input_topic
         encode: Callable[[dict[str, Any]], bytes] = orjson.dumps
-        if settings.input_format == "avro":  # seam's transaction schema, registered as <topic>-value
-            encode = await transaction_writer(settings.schema_registry_url, f"{target}-value")
+        if settings.input_format == "avro":  # the spec's input schema, registered as <topic>-value
+            encode = await input_writer(settings.schema_registry_url, f"{target}-value", spec)
         columns = (TextColumn("producing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
         with Progress(*columns) as progress:
             task = progress.add_task("produce", total=int(rate * duration))
             report = await produce(
                 settings.broker_bootstrap, target, rate=rate, duration_s=duration, generator=generator,
-                partitions=settings.topic_partitions, encode=encode,
+                key_field=spec.key, partitions=settings.topic_partitions, encode=encode,
                 on_progress=lambda done, _total: progress.update(task, completed=done))
-        self.say(f"sent {report.sent} transactions ({report.fraud} in fraud bursts) to {target!r} "
+        self.say(f"sent {report.sent} {spec.name} records ({report.positive} labelled positive) to {target!r} "
                  f"in {report.elapsed_s:.1f}s ({report.rate:.0f}/s); last event time {generator.last_ts_ms} "
                  f"(pass a later --start-ms to a next run on this topic)")
 

@@ -1,4 +1,4 @@
-"""An open-loop load generator: synthetic transactions at a fixed rate, keyed by card id.
+"""An open-loop load generator: a synthetic stream's records at a fixed rate, keyed by their spec's key field.
 
 Open loop means records are sent on a fixed schedule (``rate`` per second from the start), whether
 or not the pipeline keeps up, so measured latency includes queueing as a real source would cause it.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,6 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
-from app.synthetic import TransactionGenerator
 from app.topics import ensure_topics
 
 __all__ = ["ProduceReport", "produce"]
@@ -33,7 +32,7 @@ class ProduceReport:
     """What a run sent."""
 
     sent: int
-    fraud: int
+    positive: int  # the records the generator labelled positive (fraud bursts, device faults)
     elapsed_s: float
 
     @property
@@ -47,19 +46,20 @@ async def produce(
     *,
     rate: float,
     duration_s: float,
-    generator: TransactionGenerator,
+    generator: Iterator[tuple[dict[str, Any], bool]],
+    key_field: str = "card_id",
     partitions: int = 8,
     on_progress: Callable[[int, int], None] | None = None,
     on_sent: Callable[[dict[str, Any], int], None] | None = None,
     stop: Callable[[], bool] | None = None,
     encode: Callable[[dict[str, Any]], bytes] = orjson.dumps,
 ) -> ProduceReport:
-    """Send ``rate`` transactions per second for ``duration_s`` seconds (or until ``stop()`` is true, checked
-    every tick); wait for every ack.
+    """Send ``rate`` records per second for ``duration_s`` seconds (or until ``stop()`` is true, checked
+    every tick); wait for every ack. Each record's Kafka key is its ``key_field`` (the spec's key).
 
-    ``encode`` turns a transaction into the record's value (JSON by default; an :class:`agents.avro.AvroWriter`
-    for Avro). Each record's Kafka timestamp is the wall-clock time (epoch ms) at which it was handed to the
-    producer; ``on_sent(transaction, timestamp_ms)`` is told it (the benchmark measures latency from it).
+    ``encode`` turns a record into its value (JSON by default; an :class:`agents.avro.AvroWriter` for
+    Avro). Each record's Kafka timestamp is the wall-clock time (epoch ms) at which it was handed to the
+    producer; ``on_sent(record, timestamp_ms)`` is told it (the benchmark measures latency from it).
     """
     if rate <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be positive")
@@ -68,7 +68,7 @@ async def produce(
                                 max_batch_size=256 * 1024)
     await producer.start()
     total = int(rate * duration_s)
-    sent = fraud = 0
+    sent = positive = 0
     pending: list[asyncio.Future[object]] = []
     try:
         count = len(await producer.partitions_for(topic))
@@ -79,8 +79,8 @@ async def produce(
             now_ms = int(time.time() * 1000)
             batches: dict[int, Any] = {}
             while sent < due:
-                tx, is_fraud = next(generator)
-                key = tx["card_id"].encode()
+                tx, is_positive = next(generator)
+                key = tx[key_field].encode()
                 partition = partition_of.get(key)
                 if partition is None:
                     partition = partition_of[key] = (murmur2(key) & 0x7FFFFFFF) % count  # Kafka's default
@@ -95,7 +95,7 @@ async def produce(
                 if on_sent is not None:
                     on_sent(tx, now_ms)
                 sent += 1
-                fraud += is_fraud
+                positive += is_positive
             for partition, batch in batches.items():
                 pending.append(await producer.send_batch(batch, topic, partition=partition))
             if len(pending) > 1000:
@@ -108,4 +108,4 @@ async def produce(
         await producer.flush()
     finally:
         await producer.stop()
-    return ProduceReport(sent, fraud, time.monotonic() - started)
+    return ProduceReport(sent, positive, time.monotonic() - started)

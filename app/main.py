@@ -16,6 +16,7 @@ import faust
 
 from app.settings import Settings, SettingsError
 from app.topics import declare_topics
+from tables.spec import FeatureSpec, SpecError, load_spec
 
 __all__ = ["SeamApp", "create_app", "main"]
 
@@ -40,8 +41,10 @@ class SeamApp(faust.App):
         await asyncio.to_thread(declare_topics, self.seam_settings, changelogs)
 
 
-def create_app(settings: Settings) -> faust.App:
-    """A Faust app with seam's tables, scoring service, ingestion path, web views and commands."""
+def create_app(settings: Settings, spec: FeatureSpec | None = None) -> faust.App:
+    """A Faust app with seam's tables, scoring service, ingestion path, web views and commands, for ``spec``
+    (default: the file ``SEAM_FEATURE_SPEC`` names)."""
+    spec = load_spec(settings.feature_spec) if spec is None else spec
     from agents import score
     from app import cli, views
     from app.logs import SeamWorker, logging_config
@@ -82,7 +85,7 @@ def create_app(settings: Settings) -> faust.App:
     )
 
     tables = StateTables(app, settings)
-    scoring = score.install(app, settings, tables)
+    scoring = score.install(app, settings, tables, spec)
     views.register(app, settings, scoring, tables)
     cli.register(app, settings)
     return app
@@ -101,7 +104,13 @@ def main(argv: list[str] | None = None) -> None:
         if args and not _HELP & set(args):
             raise SystemExit(f"seam: {exc}") from None
         settings = Settings()
+    try:
+        spec = load_spec(settings.feature_spec)
+    except SpecError as exc:
+        if args and not _HELP & set(args):
+            raise SystemExit(f"seam: SEAM_FEATURE_SPEC: {exc}") from None
+        spec = None
     if settings.log_format == "json" and not {"-q", "--quiet"} & set(args):
         # Faust's own console output (its banner, "starting➢") is not a log record: JSON logs only.
         sys.argv = [sys.argv[0], "--quiet", *args]
-    create_app(settings).main()
+    create_app(settings, spec).main()

@@ -10,8 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from models import EXAMPLE_MODEL
+from specs import EXAMPLE_SPEC
 
-__all__ = ["Settings", "SettingsError"]
+__all__ = ["MOVED", "Settings", "SettingsError"]
+
+# Settings that left the environment, and where they are now.
+MOVED = {"SEAM_ALLOWED_LATENESS_S": "allowed_lateness in the feature spec (SEAM_FEATURE_SPEC, specs/fraud.toml by "
+                                    "default)"}
 
 
 class SettingsError(ValueError):
@@ -89,8 +94,8 @@ class Settings:
     # runs its event loop, Kafka client and inference thread on these cores, and scales by replicas.
     inference_threads: int = 1
     fraud_threshold: float = 0.5
-    # Event time.
-    allowed_lateness_s: float = 60.0
+    # The feature spec (a TOML file: tables.spec): the input's fields, the allowed lateness, the features.
+    feature_spec: Path = EXAMPLE_SPEC
     # Memory for the card states kept beyond what is being changed (the rest is read back from
     # RocksDB): about 1.5 KB per card plus 0.19 KB per event held (0.29 KB in a card of 96 or more).
     state_cache_mb: int = 256
@@ -156,9 +161,6 @@ class Settings:
             raise SettingsError(f"SEAM_TOPIC_PARTITIONS must be >= 1, got {self.topic_partitions}")
         if self.max_record_bytes < 1:
             raise SettingsError(f"SEAM_MAX_RECORD_BYTES must be >= 1, got {self.max_record_bytes}")
-        if self.allowed_lateness_s < 0:
-            raise SettingsError(
-                f"SEAM_ALLOWED_LATENESS_S must be >= 0, got {self.allowed_lateness_s}")
         if self.state_cache_mb < 1:
             raise SettingsError(f"SEAM_STATE_CACHE_MB must be >= 1, got {self.state_cache_mb}")
         if self.state_db_memory_mb < 4:
@@ -182,6 +184,9 @@ class Settings:
         }
         known = {f"SEAM_{f.name.upper()}": f for f in fields(cls)}
         unknown = sorted(k for k in env if k.startswith("SEAM_") and k not in known)
+        moved = [f"{name} is now {MOVED[name]}" for name in unknown if name in MOVED]
+        if moved:
+            raise SettingsError("; ".join(moved))
         if unknown:
             raise SettingsError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
         values: dict[str, Any] = {}

@@ -1,7 +1,10 @@
-"""Synthetic card transactions with learnable fraud patterns, deterministic for a seed.
+"""Synthetic streams of the example specs, with learnable patterns, deterministic for a seed.
 
-Used by ``seam produce`` (the load generator) and ``scripts/train_model.py`` (labels for training).
+Used by ``seam produce`` (the load generator), ``make demo`` and ``scripts/train_model.py`` (labels for
+training); :func:`generator_for` picks the one a spec's name asks for: card transactions with fraud
+bursts (``specs/fraud.toml``), or sensor readings with device faults (``specs/sensors.toml``).
 
+Card transactions (:class:`TransactionGenerator`).
 Each card has a typical amount, a handful of usual merchants and a home country, and transacts at
 random intervals (tens of minutes apart in event time). Fraud comes in bursts: several transactions
 seconds apart, at unusual amounts, at merchants the card never used, sometimes abroad. Event time is
@@ -16,9 +19,12 @@ import heapq
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
-__all__ = ["Card", "TransactionGenerator"]
+from tables.spec import FeatureSpec
+
+__all__ = ["Card", "Device", "SensorGenerator", "Synthetic", "TransactionGenerator", "generator_for"]
 
 COUNTRIES = ("DE", "FR", "NL", "ES", "IT", "PL", "SE", "US", "GB", "BR", "IN", "NG")
 
@@ -118,3 +124,122 @@ class TransactionGenerator:
             "country": country,
         }
         return tx, fraud
+
+
+@dataclass(slots=True)
+class Device:
+    """One sensor's normal behaviour, and the fault it may be in."""
+
+    device_id: str
+    site: str
+    base_temperature: float
+    base_vibration: float
+    period_s: float
+    fault_left: int = 0  # readings left in the running fault
+    drift: float = 0.0  # degrees added per reading while the fault lasts
+    shaking: bool = False  # whether the running fault also shows in the vibration
+
+
+class SensorGenerator:
+    """An endless, seeded stream of ``(sensor reading dict, in_fault)`` in arrival order.
+
+    Each device reports its temperature and vibration every few seconds of event time, with noise. A
+    fault (a bearing running hot) comes on rarely and lasts 10-40 readings: the temperature drifts up
+    by a fraction of a degree per reading, in most faults the vibration rises by a half to one and a
+    half times, readings come faster, and the status says ``warn`` in some of them. Event times are
+    ISO-8601 strings with a zone (``...Z``), some a few seconds out of order, a few minutes late; some
+    readings carry no status (the spec's default, ok).
+    """
+
+    def __init__(
+        self,
+        *,
+        devices: int = 500,
+        seed: int = 7,
+        start_ms: int = 1_764_500_000_000,
+        fault_rate: float = 0.002,
+        out_of_order_rate: float = 0.02,
+        late_rate: float = 0.001,
+        id_prefix: str = "r",
+    ) -> None:
+        if devices < 1:
+            raise ValueError("devices must be >= 1")
+        self._rng = rng = random.Random(seed)
+        self._fault_rate = fault_rate
+        self._out_of_order_rate = out_of_order_rate
+        self._late_rate = late_rate
+        self._id_prefix = id_prefix
+        self._count = 0
+        self.last_ts_ms = start_ms
+        self.devices = [
+            Device(f"dev-{i}", f"site-{rng.randrange(20)}", rng.uniform(25, 60), rng.uniform(0.5, 3.0),
+                   rng.uniform(1.0, 5.0))
+            for i in range(devices)
+        ]
+        self._heap = [(start_ms + int(rng.uniform(0, d.period_s) * 1000), i, i) for i, d in enumerate(self.devices)]
+        heapq.heapify(self._heap)
+
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], bool]]:
+        return self
+
+    def __next__(self) -> tuple[dict[str, Any], bool]:
+        rng = self._rng
+        ts, _, index = heapq.heappop(self._heap)
+        device = self.devices[index]
+        self._count += 1
+        fault = device.fault_left > 0
+        if fault:
+            device.fault_left -= 1
+            device.drift += rng.uniform(0.2, 0.9)
+            temperature = device.base_temperature + device.drift + rng.gauss(0, 0.6)
+            vibration = device.base_vibration * (rng.uniform(1.3, 2.5) if device.shaking else rng.gauss(1.0, 0.15))
+            gap_s = device.period_s * rng.uniform(0.3, 0.6)
+        else:
+            device.drift = 0.0
+            temperature = device.base_temperature + rng.gauss(0, 0.6)
+            vibration = max(0.0, device.base_vibration * rng.gauss(1.0, 0.15))
+            gap_s = device.period_s * rng.uniform(0.8, 1.2)
+            if rng.random() < self._fault_rate:
+                device.fault_left = rng.randint(10, 40)
+                device.shaking = rng.random() < 0.6
+        heapq.heappush(self._heap, (ts + max(1, int(gap_s * 1000)), self._count, index))
+        self.last_ts_ms = max(self.last_ts_ms, ts)
+        event_ts = ts
+        roll = rng.random()
+        if roll < self._late_rate:
+            event_ts -= rng.randint(120_000, 600_000)
+        elif roll < self._late_rate + self._out_of_order_rate:
+            event_ts -= rng.randint(500, 8_000)
+        reading: dict[str, Any] = {
+            "reading_id": f"{self._id_prefix}-{self._count}",
+            "device_id": device.device_id,
+            "ts": datetime.fromtimestamp(event_ts / 1000, UTC).isoformat(timespec="milliseconds").replace(
+                "+00:00", "Z"),
+            "temperature": round(min(temperature, 199.0), 2),
+            "vibration": round(min(vibration, 99.0), 3),
+            "site": device.site,
+        }
+        if rng.random() < 0.9:
+            reading["status"] = "warn" if fault and rng.random() < 0.3 else "ok"
+        return reading, fault
+
+
+class Synthetic(Protocol):
+    """A synthetic stream: ``(record, positive)`` pairs in arrival order; ``last_ts_ms`` its highest event time."""
+
+    last_ts_ms: int
+
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], bool]]: ...
+
+    def __next__(self) -> tuple[dict[str, Any], bool]: ...
+
+
+def generator_for(spec: FeatureSpec, *, keys: int, seed: int, start_ms: int, late_rate: float = 0.001,
+                  id_prefix: str = "e") -> Synthetic:
+    """The synthetic stream of an example spec, by its name (``fraud``, ``sensors``): ``(record, positive)``."""
+    if spec.name == "fraud":
+        return TransactionGenerator(cards=keys, seed=seed, start_ms=start_ms, late_rate=late_rate, id_prefix=id_prefix)
+    if spec.name == "sensors":
+        return SensorGenerator(devices=keys, seed=seed, start_ms=start_ms, late_rate=late_rate, id_prefix=id_prefix)
+    raise LookupError(f"no synthetic stream for spec {spec.name!r}: seam generates the example streams (fraud, "
+                      "sensors); produce your own records for other specs")

@@ -17,7 +17,7 @@ from agents.score import ScoringService
 from app.cluster import describe_cluster, local_view
 from app.faust_compat import group_distribution
 from app.settings import Settings
-from tables.features import DEFAULT_SPEC, latest_features
+from tables.features import latest_features
 from tables.state import StateTables
 
 __all__ = ["PEER_TIMEOUT_S", "register"]
@@ -115,36 +115,36 @@ def register(app: faust.App, settings: Settings, scoring: ScoringService, tables
             return self.bytes(generate_latest(scoring.metrics.registry), content_type=content_type)
 
 
-    def card_partition(card_id: str) -> int:
-        """The input partition of a card keyed by its id (Kafka's default partitioner, as Faust routes)."""
-        return (murmur2(card_id.encode()) & 0x7FFFFFFF) % settings.topic_partitions
+    def key_partition(key: str) -> int:
+        """The input partition of a key (Kafka's default partitioner, as Faust routes)."""
+        return (murmur2(key.encode()) & 0x7FFFFFFF) % settings.topic_partitions
 
+    spec = scoring.spec
 
-    @app.page("/features/{card_id}/")
-    class CardFeaturesView(View):
-        """A card's features as of its latest applied event and its partition's watermark (owner answers)."""
+    @app.page("/features/{key}/")
+    class KeyFeaturesView(View):
+        """A key's features as of its latest applied event and its partition's watermark (owner answers)."""
 
-        @app.table_route(table=tables.card_state, match_info="card_id")  # type: ignore[arg-type]
-        async def get(self, request: Request, card_id: str) -> Response:
+        @app.table_route(table=tables.card_state, match_info="key")  # type: ignore[arg-type]
+        async def get(self, request: Request, key: str) -> Response:
             pipeline = scoring.pipeline
             if pipeline is None:
                 return self.json({"status": "loading"}, status=503)
-            partition = card_partition(card_id)
-            state = pipeline.cache.peek(partition, card_id)
-            latest = latest_features(state) if state is not None else None
+            partition = key_partition(key)
+            state = pipeline.cache.peek(partition, key)
+            latest = latest_features(state, spec) if state is not None else None
             if state is None or latest is None:
-                return self.notfound(f"no state for card {card_id!r}")
+                return self.notfound(f"no state for {spec.key} {key!r}")
             event_id, features = latest
             return self.json({
-                "card_id": card_id,
+                spec.key: key,
                 "partition": partition,
                 "event_id": event_id,
-                "features": dict(zip(DEFAULT_SPEC.names, features, strict=True)),
+                "features": dict(zip(spec.names, features, strict=True)),
                 "watermark": pipeline.cache.watermark(partition).value,
                 "events_in_state": len(state["ts"]),
                 "served_by": str(app.conf.canonical_url),
             })
-
 
 
     def _own_assignment() -> dict[str, Any]:

@@ -80,7 +80,7 @@ async def _send(done: Prepared, key: bytes | None, score: float = 0.0, infer_ms:
     if done.kind == "prediction":
         assert done.tx is not None
         value = encode_prediction(runtime.info, done.tx, done.features, score, infer_ms)
-        return await topics["prediction"].send(key=done.tx.card_id.encode(), value=value)
+        return await topics["prediction"].send(key=done.tx.key.encode(), value=value)
     return await topics[done.kind].send(key=key, value=done.value)
 
 

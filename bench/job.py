@@ -3,7 +3,7 @@
 Every mode computes the same thing as seam's pipeline: decode and validate with :mod:`agents.codec`, route
 events below their partition's watermark to the late topic, apply the event to its card's state with
 :func:`tables.features.apply_event`, score the features, and encode the prediction with
-:func:`agents.codec.prediction`. Only where the state lives and how the model is called differ.
+:meth:`agents.codec.Contract.prediction`. Only where the state lives and how the model is called differ.
 """
 
 from __future__ import annotations
@@ -16,23 +16,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from agents.codec import (
-    Invalid,
-    Transaction,
-    dead_letter,
-    decode_feature_record,
-    decode_transaction,
-    late_record,
-    prediction,
-)
+from agents.codec import DEFAULT_CONTRACT, Event, Invalid, JsonInput, dead_letter, decode_feature_record, late_record
 from agents.runtime import ModelInfo, ModelRuntime
 from tables.features import DEFAULT_SPEC, CardState, Watermark, apply_event, new_state
 
 __all__ = ["LATENESS_MS", "SCORE_TOLERANCE", "THRESHOLD", "Expected", "Prepared", "compare", "encode_prediction",
            "load_model", "parse_prediction", "prepare", "reference", "score_one"]
 
-LATENESS_MS = 60_000  # seam's default SEAM_ALLOWED_LATENESS_S
+LATENESS_MS = DEFAULT_SPEC.allowed_lateness_ms  # the example spec's
 THRESHOLD = 0.5  # seam's default SEAM_FRAUD_THRESHOLD
+_INPUT = JsonInput(DEFAULT_CONTRACT)
 SCORE_TOLERANCE = 1e-6  # ONNX Runtime's one-row and batched kernels differ in the last bits of a float32
 
 
@@ -41,7 +34,7 @@ class Prepared:
     """One record after routing: a transaction with its features, or an encoded dead letter / late record."""
 
     kind: str  # "prediction", "dead_letter" or "late"
-    tx: Transaction | None = None
+    tx: Event | None = None
     features: tuple[float, ...] = ()
     value: bytes = b""
 
@@ -50,7 +43,7 @@ def prepare(raw: bytes | None, key: bytes | None, *, topic: str, partition: int,
             watermark: Watermark, load: Callable[[str], CardState | None],
             store: Callable[[str, CardState], None]) -> Prepared:
     """Route one record and, if it is on time, apply it to its card's state (read and written per record)."""
-    tx = decode_transaction(raw)
+    tx = _INPUT.decode(raw)
     if isinstance(tx, Invalid):
         return Prepared("dead_letter", value=dead_letter(tx, topic=topic, partition=partition, offset=offset,
                                                          key=key, value=raw, routed_at_ms=int(time.time() * 1000)))
@@ -60,9 +53,9 @@ def prepare(raw: bytes | None, key: bytes | None, *, topic: str, partition: int,
                                                       partition=partition, offset=offset,
                                                       routed_at_ms=int(time.time() * 1000)))
     watermark.observe(tx.ts)
-    state = load(tx.card_id) or new_state()
-    applied = apply_event(state, tx.id, tx.ts, (tx.amount, tx.merchant_id), allowed_lateness_ms=LATENESS_MS)
-    store(tx.card_id, state)
+    state = load(tx.key) or new_state()
+    applied = apply_event(state, tx.id, tx.ts, tx.values, allowed_lateness_ms=LATENESS_MS)
+    store(tx.key, state)
     return Prepared("prediction", tx, applied.features)
 
 
@@ -78,11 +71,11 @@ def score_one(runtime: ModelRuntime, features: tuple[float, ...]) -> tuple[float
     return score, (time.perf_counter() - started) * 1000
 
 
-def encode_prediction(info: ModelInfo, tx: Transaction, features: tuple[float, ...], score: float,
+def encode_prediction(info: ModelInfo, tx: Event, features: tuple[float, ...], score: float,
                       infer_ms: float) -> bytes:
     """The record a peer writes for a batch of one: seam's prediction and its feature-log record in one."""
-    record = orjson.loads(prediction(tx, score=score, threshold=THRESHOLD, model=info.tag, queue_ms=0.0,
-                                     infer_ms=infer_ms, batch_size=1))
+    record = orjson.loads(DEFAULT_CONTRACT.prediction(tx, score=score, threshold=THRESHOLD, model=info.tag,
+                                                      queue_ms=0.0, infer_ms=infer_ms, batch_size=1))
     return orjson.dumps(record | {"features": features})
 
 

@@ -10,7 +10,7 @@
 * **Per record**, in this process (no broker): best of ``--repeat`` passes over ``--micro-records`` of the
   same transactions, µs per record, of decode + validate (``codec.JsonInput.decode`` against
   ``AvroInput.decode``, its schema cached) and of encoding a prediction and its feature-log record
-  (``codec.prediction`` + ``codec.feature_record`` against ``AvroOutputs``).
+  (``Contract.prediction`` + ``codec.feature_record`` against ``AvroOutputs``).
 * **Latency**, ``--latency-pairs`` times each: open-loop load at 25, 50 and 80 % of JSON's mean saturation,
   ``--seconds`` each, on one fresh worker per run; p50/p99 of the prediction's broker append time minus its
   input's.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import json
 import os
 import platform
 import random
@@ -45,8 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agents import codec  # noqa: E402
-from agents.avro import SCHEMAS, AvroInput, AvroOutputs, SchemaCache, load_schema, transaction_writer  # noqa: E402
-from agents.codec import Transaction  # noqa: E402
+from agents.avro import AvroInput, AvroOutputs, SchemaCache, input_writer, schema_for  # noqa: E402
+from agents.codec import DEFAULT_CONTRACT, Event  # noqa: E402
 from app.loadgen import produce  # noqa: E402
 from app.localhost import free_port  # noqa: E402
 from app.synthetic import TransactionGenerator  # noqa: E402
@@ -106,7 +107,7 @@ async def saturation(bootstrap: str, workdir: Path, inputs: list[tuple[bytes, by
 
 def _reader(name: str) -> Callable[[bytes], str]:
     """The event id of a record value: JSON, or Confluent-framed Avro of seam's schema ``name``."""
-    schema = parse_schema(load_schema(name))
+    schema = parse_schema(schema_for(name, DEFAULT_SPEC))
 
     def event_id(value: bytes) -> str:
         if value[:1] == b"{":
@@ -183,7 +184,7 @@ def best_us(step: Callable[[], Any], records: int, repeat: int) -> float:
 
 async def per_record(json_values: Sequence[bytes], avro_values: Sequence[bytes], repeat: int) -> dict[str, float]:
     """µs per record: decode + validate, and a prediction + its feature-log record encoded, in each format."""
-    schema_text = (SCHEMAS / "transaction.avsc").read_text()
+    schema_text = json.dumps(schema_for("input", DEFAULT_SPEC))
 
     async def fetch(schema_id: int, timeout_s: float) -> tuple[str, str] | None:
         return "AVRO", schema_text
@@ -192,20 +193,20 @@ async def per_record(json_values: Sequence[bytes], avro_values: Sequence[bytes],
     await reader.prepare(avro_values)
     from_json = [json_input.decode(v) for v in json_values]
     from_avro = [reader.decode(v) for v in avro_values]
-    if from_json != from_avro or not all(isinstance(tx, Transaction) for tx in from_json):
+    if from_json != from_avro or not all(isinstance(tx, Event) for tx in from_json):
         bad = next(i for i, (a, b) in enumerate(zip(from_json, from_avro, strict=True))
-                   if a != b or not isinstance(a, Transaction))
+                   if a != b or not isinstance(a, Event))
         raise RuntimeError(f"record {bad}: JSON decodes to {from_json[bad]!r}, Avro to {from_avro[bad]!r}")
-    txs: list[Transaction] = [tx for tx in from_json if isinstance(tx, Transaction)]
+    txs: list[Event] = [tx for tx in from_json if isinstance(tx, Event)]
     rng = random.Random(5)
     features = [tuple(rng.uniform(0, 500) for _ in DEFAULT_SPEC.names) for _ in txs]
     feature_set = DEFAULT_SPEC.version
-    outputs = AvroOutputs({"prediction": 1, "features": 2, "shadow-score": 3}, DEFAULT_SPEC.names)
+    outputs = AvroOutputs({"prediction": 1, "features": 2, "shadow-score": 3}, DEFAULT_CONTRACT)
 
     def encode_json() -> None:
         for tx, row in zip(txs, features, strict=True):
-            codec.prediction(tx, score=0.0123, threshold=0.5, model="fraud-mlp@1", queue_ms=1.2345, infer_ms=0.6789,
-                             batch_size=256)
+            DEFAULT_CONTRACT.prediction(tx, score=0.0123, threshold=0.5, model="fraud-mlp@1", queue_ms=1.2345,
+                                        infer_ms=0.6789, batch_size=256)
             codec.feature_record(tx, feature_set=feature_set, features=row)
 
     def encode_avro() -> None:
@@ -228,7 +229,7 @@ async def per_record(json_values: Sequence[bytes], avro_values: Sequence[bytes],
 async def measure(args: argparse.Namespace, bootstrap: str, registry_url: str, workdir: Path) -> str:
     generator = TransactionGenerator(cards=5000, seed=1, late_rate=0.0, id_prefix="fmt")
     transactions = [next(generator)[0] for _ in range(args.records)]
-    writer = await transaction_writer(registry_url, SUBJECT)
+    writer = await input_writer(registry_url, SUBJECT, DEFAULT_SPEC)
     json_inputs = [(t["card_id"].encode(), orjson.dumps(t)) for t in transactions]
     avro_inputs = [(t["card_id"].encode(), writer(t)) for t in transactions]
     print(f"inputs: {args.records:,} transactions; Avro schema id {writer.schema_id} ({SUBJECT})", flush=True)

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""``make demo``: start a broker and one worker, score ~30 s of live transactions, print a summary.
+"""``make demo``: start a broker and one worker, score ~30 s of a live stream, print a summary.
 
-Everything the demo starts (the broker unless one was already running, and the worker) is stopped
-before it exits, also on Ctrl-C. Options: ``--rate`` (events/s), ``--duration`` (s), ``--cards``.
+The stream is an example spec's (``--spec``: ``specs/fraud.toml``, card transactions, by default;
+``specs/sensors.toml``, sensor readings), produced by its synthetic generator and scored by its example
+model (``models/<spec name>-mlp.onnx``). Everything the demo starts (the broker unless one was already
+running, and the worker) is stopped before it exits, also on Ctrl-C. Options: ``--rate`` (events/s),
+``--duration`` (s), ``--keys``.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from rich.table import Table
 from app.loadgen import produce
 from app.localhost import Subprocess, worker_argv
 from app.settings import Settings
-from app.synthetic import TransactionGenerator
+from app.synthetic import Synthetic, generator_for
 from app.topics import assign_all, delete_topics
 from bench.promtext import Histogram, fetch, histograms, merged
+from specs import EXAMPLE_SPEC
+from tables.spec import FeatureSpec, SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()
@@ -40,12 +45,13 @@ console = Console()
 class Tally:
     """What came back from the worker, for the live line and the summary.
 
-    Every transaction must end in exactly one outcome: a prediction, a late record or a dead letter. An id
-    with a second outcome (of any kind) is a repeat; an output the demo cannot tie to a transaction it sent is
-    unmatched. Either fails the run, as does a transaction with no outcome.
+    Every record must end in exactly one outcome: a prediction, a late record or a dead letter. An id with
+    a second outcome (of any kind) is a repeat; an output the demo cannot tie to a record it sent is
+    unmatched. Either fails the run, as does a record with no outcome.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, spec: FeatureSpec) -> None:
+        self.id_field, self.label = spec.event_id, spec.label
         self.sent_ms: dict[str, int] = {}
         self.burst_ids: set[str] = set()
         self.caught = 0
@@ -71,22 +77,22 @@ class Tally:
         return True
 
     def on_prediction(self, record: dict[str, Any], kafka_ts: int) -> None:
-        tx_id = record["id"]
+        tx_id = record[self.id_field]
         if not self._first(tx_id, "prediction"):
             return
         self.scored[tx_id] = kafka_ts
-        self.fraud += record["is_fraud"]
-        self.caught += record["is_fraud"] and tx_id in self.burst_ids
+        self.fraud += record[self.label]
+        self.caught += record[self.label] and tx_id in self.burst_ids
         self.latency_ms.append(kafka_ts - self.sent_ms[tx_id])
         self.batch_sizes.append(record["timing"]["batch_size"])
 
     def on_late(self, record: dict[str, Any]) -> None:
-        self.late += self._first(record.get("event", {}).get("id"), "late")
+        self.late += self._first(record.get("event", {}).get(self.id_field), "late")
 
     def on_dead_letter(self, record: dict[str, Any]) -> None:
-        """A dead letter names its transaction by the id inside the original value, when that is readable."""
+        """A dead letter names its record by the id inside the original value, when that is readable."""
         try:
-            tx_id = orjson.loads(record["value"]).get("id") if not record.get("value_base64") else None
+            tx_id = orjson.loads(record["value"]).get(self.id_field) if not record.get("value_base64") else None
         except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
             tx_id = None
         self.dead += self._first(tx_id, "dead letter")
@@ -100,7 +106,7 @@ class Tally:
 
     def line(self, produced: int, total: int) -> str:
         mean_batch = float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0
-        return (f"produced {produced}/{total}  scored {len(self.scored)}  fraud flagged {self.fraud}  "
+        return (f"produced {produced}/{total}  scored {len(self.scored)}  {self.label} {self.fraud}  "
                 f"late {self.late}  dead letters {self.dead}  "
                 f"e2e p50 {self.percentile(50):.1f} ms  p99 {self.percentile(99):.1f} ms  "
                 f"mean batch {mean_batch:.1f}")
@@ -153,26 +159,26 @@ async def wait_for(url: str, worker: Subprocess, what: str, timeout_s: float = 1
     raise DemoFailed(f"the worker was not {what} after {timeout_s:.0f} s ({url}); see {worker.log_path}")
 
 
-async def run(args: argparse.Namespace, settings: Settings, web: str, worker: Subprocess) -> int:
+async def run(args: argparse.Namespace, settings: Settings, spec: FeatureSpec, web: str, worker: Subprocess) -> int:
     await wait_for(f"{web}/ready/", worker, "ready")  # in the group, model warmed, state restored
     model = await wait_for(f"{web}/model/", worker, "serving its model")
     if "model" not in model or "provider" not in model:
         raise DemoFailed(f"{web}/model/ answered {model}; see {worker.log_path}")
     console.print(f"worker ready: model {model['model']} on {model['provider']}, web {web}/model/")
-    tally, ready, stop = Tally(), asyncio.Event(), asyncio.Event()
+    tally, ready, stop = Tally(spec), asyncio.Event(), asyncio.Event()
     consumer = asyncio.create_task(consume(settings, tally, ready, stop))
     await asyncio.wait([consumer, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
     if consumer.done():
         consumer.result()  # raises what stopped it
     seed = int(time.time())
-    generator = _Recording(TransactionGenerator(cards=args.cards, seed=seed, id_prefix=f"demo{seed}",
-                                                start_ms=int(time.time() * 1000), late_rate=0.0), tally)
+    generator = _Recording(generator_for(spec, keys=args.keys, seed=seed, id_prefix=f"demo{seed}",
+                                         start_ms=int(time.time() * 1000), late_rate=0.0), tally)
     total = int(args.rate * args.duration)
     progress = {"sent": 0}
     with Live(tally.line(0, total), console=console, refresh_per_second=4) as live:
         producing = asyncio.create_task(produce(
             settings.broker_bootstrap, settings.input_topic, rate=args.rate, duration_s=args.duration,
-            generator=generator, partitions=settings.topic_partitions,
+            generator=generator, key_field=spec.key, partitions=settings.topic_partitions,
             on_progress=lambda done, _total: progress.__setitem__("sent", done)))
         while not producing.done():
             if not worker.running():
@@ -194,7 +200,7 @@ async def run(args: argparse.Namespace, settings: Settings, web: str, worker: Su
         worker_metrics = {}
     stop.set()
     await consumer
-    code = summary(report.sent, tally, args, stats, model, web, worker_metrics)
+    code = summary(report.sent, tally, args, stats, model, web, worker_metrics, spec)
     if code:
         console.print(f"see the worker's log: {worker.log_path}")
     return code
@@ -203,7 +209,7 @@ async def run(args: argparse.Namespace, settings: Settings, web: str, worker: Su
 class _Recording:
     """Wrap the generator to remember when each id was handed to the producer."""
 
-    def __init__(self, generator: TransactionGenerator, tally: Tally) -> None:
+    def __init__(self, generator: Synthetic, tally: Tally) -> None:
         self._generator = generator
         self._tally = tally
 
@@ -211,11 +217,11 @@ class _Recording:
         return self
 
     def __next__(self) -> tuple[dict[str, Any], bool]:
-        tx, fraud = next(self._generator)
-        self._tally.sent_ms[tx["id"]] = int(time.time() * 1000)
-        if fraud:
-            self._tally.burst_ids.add(tx["id"])
-        return tx, fraud
+        tx, positive = next(self._generator)
+        self._tally.sent_ms[tx[self._tally.id_field]] = int(time.time() * 1000)
+        if positive:
+            self._tally.burst_ids.add(tx[self._tally.id_field])
+        return tx, positive
 
 
 def worker_view(metrics: dict[Any, Histogram]) -> list[tuple[str, str]]:
@@ -239,32 +245,33 @@ def worker_view(metrics: dict[Any, Histogram]) -> list[tuple[str, str]]:
 
 
 def summary(sent: int, tally: Tally, args: argparse.Namespace, stats: dict[str, Any], model: dict[str, Any],
-            web: str, worker_metrics: dict[Any, Histogram] | None = None) -> int:
-    """Print the run's numbers; return 0 when every transaction got exactly one outcome."""
+            web: str, worker_metrics: dict[Any, Histogram] | None = None, spec: FeatureSpec | None = None) -> int:
+    """Print the run's numbers; return 0 when every record got exactly one outcome."""
+    spec = spec or load_spec(EXAMPLE_SPEC)
     scored = len(tally.scored)
     missing = sent - tally.answered
     latency = (f"p50 {tally.percentile(50):.1f} ms  p95 {tally.percentile(95):.1f} ms  "
                f"p99 {tally.percentile(99):.1f} ms  max {max(tally.latency_ms or [0]):.0f} ms")
     rows = [
-        ("produced", f"{sent} transactions, open loop at {args.rate:.0f}/s for {args.duration:.0f} s"),
+        ("produced", f"{sent} {spec.name} records, open loop at {args.rate:.0f}/s for {args.duration:.0f} s"),
         ("outcomes", f"{scored} predictions, {tally.late} late, {tally.dead} dead letters; {missing} without "
-                     f"an outcome, {tally.repeats} repeated, {tally.unmatched} not from this run's transactions"),
-        ("fraud flagged", f"{tally.fraud} ({100 * tally.fraud / max(1, scored):.1f} %); the generator put "
-                          f"{len(tally.burst_ids)} in fraud bursts, {tally.caught} of them flagged"),
+                     f"an outcome, {tally.repeats} repeated, {tally.unmatched} not from this run's records"),
+        (f"{spec.label} flagged", f"{tally.fraud} ({100 * tally.fraud / max(1, scored):.1f} %); the generator "
+                                  f"labelled {len(tally.burst_ids)} positive, {tally.caught} of them flagged"),
         ("end-to-end latency", latency),
         ("model batches", f"{stats.get('batches', 0)}, mean size {stats.get('mean_batch_size', 0):.1f}, "
                           f"mean inference {stats.get('mean_infer_ms', 0):.2f} ms"),
         *worker_view(worker_metrics or {}),
         ("model", f"{model['model']} on {model['provider']}"),
-        ("web (while a worker runs)", f"{web}/model/  {web}/features/<card_id>/"),
+        ("web (while a worker runs)", f"{web}/model/  {web}/features/<{spec.key}>/"),
     ]
     table = Table(title="seam demo summary", show_header=False)
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
     ok = missing == 0 and tally.repeats == 0 and tally.unmatched == 0
-    console.print("[green]every transaction got exactly one outcome[/green]" if ok
-                  else "[red]not every transaction got exactly one outcome[/red]")
+    console.print("[green]every record got exactly one outcome[/green]" if ok
+                  else "[red]not every record got exactly one outcome[/red]")
     return 0 if ok else 1
 
 
@@ -277,8 +284,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--duration", type=float, default=30.0)
-    parser.add_argument("--cards", type=int, default=2000)
+    parser.add_argument("--keys", "--cards", type=int, default=2000, help="distinct keys (cards, devices)")
+    parser.add_argument("--spec", type=Path, default=None,
+                        help="an example feature spec (default: SEAM_FEATURE_SPEC, else specs/fraud.toml)")
     args = parser.parse_args()
+    try:
+        args.spec = Path(args.spec or os.environ.get("SEAM_FEATURE_SPEC") or EXAMPLE_SPEC).resolve()
+        spec = load_spec(args.spec)
+        generator_for(spec, keys=1, seed=0, start_ms=0)
+    except (SpecError, LookupError) as exc:
+        console.print(f"[red]demo failed:[/red] {exc}")
+        return 2
+    args.model = ROOT / "models" / f"{spec.name}-mlp.onnx"
 
     port = int(os.environ.get("KAFKA_PORT", "9092"))
     # A broker the demo starts itself lives in a temporary folder, removed when it stops; one that
@@ -298,9 +315,13 @@ def demo(args: argparse.Namespace, bootstrap: str, *, own_broker: bool) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)  # the user's SEAM_* settings apply, except the ones the demo owns below
     env.update({"SEAM_BROKER_URL": f"kafka://{bootstrap}", "SEAM_APP_ID": f"seam-demo-{run_id}",
-                "SEAM_DATA_DIR": str(data_dir), "SEAM_INPUT_TOPIC": f"demo-{run_id}-transactions",
+                "SEAM_DATA_DIR": str(data_dir), "SEAM_INPUT_TOPIC": f"demo-{run_id}-input",
                 "SEAM_PREDICTIONS_TOPIC": f"demo-{run_id}-predictions", "SEAM_DLQ_TOPIC": f"demo-{run_id}-dlq",
-                "SEAM_LATE_TOPIC": f"demo-{run_id}-late", "SEAM_FEATURE_LOG_TOPIC": f"demo-{run_id}-features"})
+                "SEAM_LATE_TOPIC": f"demo-{run_id}-late", "SEAM_FEATURE_LOG_TOPIC": f"demo-{run_id}-features",
+                "SEAM_FEATURE_SPEC": str(args.spec)})
+    if "SEAM_MODEL_PATH" not in os.environ:  # the spec's example model, unless the user names another
+        env["SEAM_MODEL_PATH"] = str(args.model)
+    spec = load_spec(args.spec)
     settings = Settings.from_env({k: v for k, v in env.items() if k.startswith("SEAM_")})
     web = f"http://{settings.web_host}:{settings.web_port}"
     log = data_dir / "worker.log"
@@ -309,7 +330,7 @@ def demo(args: argparse.Namespace, bootstrap: str, *, own_broker: bool) -> int:
     try:
         worker = Subprocess(worker_argv("info"), env, log)
         console.print(f"worker started (pid {worker.pid}, log {log})")
-        code = asyncio.run(run(args, settings, web, worker))
+        code = asyncio.run(run(args, settings, spec, web, worker))
         return code
     except DemoFailed as exc:
         console.print(f"[red]demo failed:[/red] {exc}")

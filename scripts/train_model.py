@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Train seam's default fraud model on synthetic transactions and write it as ONNX.
+"""Train an example model for a feature spec on its synthetic stream and write it as ONNX.
 
-    python scripts/train_model.py                      # -> models/fraud-mlp.onnx
+    python scripts/train_model.py                      # specs/fraud.toml -> models/fraud-mlp.onnx
+    python scripts/train_model.py --spec specs/sensors.toml   # -> models/sensors-mlp.onnx
     python scripts/train_model.py --hidden 512,512,256 --name fraud-mlp-heavy --out models/x.onnx
     python scripts/train_model.py --bench-depth 2000 --name fraud-mlp-bench --out models/fraud-mlp-bench.onnx
 
-The features come from the same code the workers run (``tables.features``), applied in arrival order
-with the same lateness rule, so training and serving cannot drift apart. The network is a small MLP
-trained with numpy (Adam, weighted binary cross-entropy); the ONNX graph includes the input transform
-(signed log1p, then standardisation), so workers feed raw feature values. Deterministic for a seed.
+Records come from the spec's synthetic stream (``app.synthetic.generator_for``) and go through the same
+code the workers run: decoded and validated by the spec's contract (``agents.codec``), routed by the
+watermark with the spec's allowed lateness, their features computed by ``tables.features`` in arrival
+order, so training and serving cannot drift apart. The model's ``feature_names`` are the spec's. The
+network is a small MLP trained with numpy (Adam, weighted binary cross-entropy); the ONNX graph includes
+the input transform (signed log1p, then standardisation), so workers feed raw feature values. Deterministic for a seed.
 
 ``--bench-depth N`` builds a *benchmark model* (``make bench`` uses ``models/fraud-mlp-bench.onnx``): the
 same trained network plus a chain of ``N`` dense ReLU layers of width ``--bench-width`` that share one
@@ -26,30 +29,38 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import orjson
 from onnx import TensorProto, helper, numpy_helper
 
-from app.synthetic import TransactionGenerator
-from tables.features import DEFAULT_SPEC, Watermark, apply_event, new_state
+from agents.codec import Contract, Event, JsonInput
+from app.synthetic import generator_for
+from specs import EXAMPLE_SPEC
+from tables.features import Watermark, apply_event, new_state
+from tables.spec import FeatureSpec, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build_dataset(events: int, cards: int, seed: int, lateness_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Generate a stream and compute each on-time event's features with the serving code."""
-    generator = TransactionGenerator(cards=cards, seed=seed)
-    watermark = Watermark(int(lateness_s * 1000))
+def build_dataset(spec: FeatureSpec, events: int, keys: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Generate the spec's stream and compute each on-time event's features with the serving code."""
+    generator = generator_for(spec, keys=keys, seed=seed, start_ms=1_764_500_000_000, id_prefix="tx")
+    decode = JsonInput(Contract(spec)).decode
+    watermark = Watermark(spec.allowed_lateness_ms)
     states: dict[str, dict] = {}
     rows, labels = [], []
     for _ in range(events):
-        tx, fraud = next(generator)
-        if watermark.is_late(tx["ts"]):
+        record, positive = next(generator)
+        event = decode(orjson.dumps(record))
+        if not isinstance(event, Event):
+            raise ValueError(f"the synthetic stream of {spec.name!r} wrote a record its spec refuses: {event}")
+        if watermark.is_late(event.ts):
             continue
-        watermark.observe(tx["ts"])
-        state = states.setdefault(tx["card_id"], new_state())
-        applied = apply_event(state, tx["id"], tx["ts"], (tx["amount"], tx["merchant_id"]),
-                              allowed_lateness_ms=watermark.allowed_lateness_ms)
+        watermark.observe(event.ts)
+        state = states.setdefault(event.key, new_state(spec))
+        applied = apply_event(state, event.id, event.ts, event.values, allowed_lateness_ms=spec.allowed_lateness_ms,
+                              spec=spec)
         rows.append(applied.features)
-        labels.append(1.0 if fraud else 0.0)
+        labels.append(1.0 if positive else 0.0)
     return np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.float64)
 
 
@@ -108,11 +119,10 @@ def predict(x: np.ndarray, params: list[tuple]) -> np.ndarray:
     return a.reshape(-1)
 
 
-def bench_block(depth: int, width: int, seed: int) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+def bench_block(n_in: int, depth: int, width: int, seed: int) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
     """``depth`` dense ReLU layers sharing one weight matrix, from ``h0`` to a zero-weighted term ``bench``."""
     rng = np.random.default_rng(seed)
     f32 = np.float32
-    n_in = len(DEFAULT_SPEC.names)
     init = [
         numpy_helper.from_array((rng.normal(0, 1, (n_in, width)) / np.sqrt(n_in)).astype(f32), "BP"),
         numpy_helper.from_array((rng.normal(0, 1, (width, width)) / np.sqrt(width)).astype(f32), "BW"),
@@ -131,7 +141,7 @@ def bench_block(depth: int, width: int, seed: int) -> tuple[list[onnx.TensorProt
     return init, nodes
 
 
-def to_onnx(params: list[tuple], mean: np.ndarray, std: np.ndarray, name: str, version: str,
+def to_onnx(params: list[tuple], mean: np.ndarray, std: np.ndarray, names: tuple[str, ...], name: str, version: str,
             metrics: dict, bench_depth: int = 0, bench_width: int = 32) -> onnx.ModelProto:
     """Build the graph: signed log1p, standardise, the MLP, sigmoid, one score per row."""
     f32 = np.float32
@@ -157,13 +167,13 @@ def to_onnx(params: list[tuple], mean: np.ndarray, std: np.ndarray, name: str, v
         last = i == len(params) - 1
         logit = f"a{i}"
         if last and bench_depth:
-            block_init, block_nodes = bench_block(bench_depth, bench_width, seed=len(params))
+            block_init, block_nodes = bench_block(len(names), bench_depth, bench_width, seed=len(params))
             init += block_init
             nodes += [*block_nodes, helper.make_node("Add", [f"a{i}", "bench"], ["logit"])]
             logit = "logit"
         nodes.append(helper.make_node("Sigmoid" if last else "Relu", [logit], ["prob" if last else f"h{i + 1}"]))
     nodes.append(helper.make_node("Reshape", ["prob", "flat"], ["score"]))
-    width = len(DEFAULT_SPEC.names)
+    width = len(names)
     graph = helper.make_graph(
         nodes, name,
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", width])],
@@ -173,7 +183,7 @@ def to_onnx(params: list[tuple], mean: np.ndarray, std: np.ndarray, name: str, v
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="seam")
     model.ir_version = 8
     helper.set_model_props(model, {
-        "feature_names": json.dumps(list(DEFAULT_SPEC.names)),
+        "feature_names": json.dumps(list(names)),
         "model_name": name,
         "model_version": version,
         "training": json.dumps(metrics),
@@ -184,20 +194,24 @@ def to_onnx(params: list[tuple], mean: np.ndarray, std: np.ndarray, name: str, v
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "models" / "fraud-mlp.onnx")
-    parser.add_argument("--name", default="fraud-mlp")
+    parser.add_argument("--spec", type=Path, default=EXAMPLE_SPEC, help="the feature spec (default: the example)")
+    parser.add_argument("--out", type=Path, default=None, help="default: models/<spec name>-mlp.onnx")
+    parser.add_argument("--name", default=None, help="default: <spec name>-mlp")
     parser.add_argument("--version", default="1")
     parser.add_argument("--hidden", default="32,16", help="hidden layer widths, comma separated")
     parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--cards", type=int, default=2_000)
+    parser.add_argument("--keys", "--cards", type=int, default=2_000, help="distinct keys (cards, devices)")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--bench-depth", type=int, default=0,
                         help="benchmark model: add this many zero-weighted shared-weight layers (see above)")
     parser.add_argument("--bench-width", type=int, default=32, help="width of the benchmark layers")
     args = parser.parse_args()
+    spec = load_spec(args.spec)
+    name = args.name or f"{spec.name}-mlp"
+    out = args.out or ROOT / "models" / f"{name}.onnx"
 
-    x_raw, y = build_dataset(args.events, args.cards, args.seed, lateness_s=60)
+    x_raw, y = build_dataset(spec, args.events, args.keys, args.seed)
     x = signed_log(x_raw)
     mean, std = x.mean(0), x.std(0) + 1e-6
     x = (x - mean) / std
@@ -206,7 +220,7 @@ def main() -> None:
     params = train(x[:split], y[:split], hidden, args.seed, args.epochs)
     scores = predict(x[split:], params)
     metrics = {
-        "events": int(len(x)), "fraud_rate": round(float(y.mean()), 5),
+        "events": int(len(x)), "spec": spec.name, "positive_rate": round(float(y.mean()), 5),
         "holdout_auc": round(auc(scores, y[split:]), 4),
         "holdout_recall_at_0.5": round(float((scores[y[split:] == 1] >= 0.5).mean()), 4),
         "holdout_flag_rate_at_0.5": round(float((scores >= 0.5).mean()), 4),
@@ -214,10 +228,10 @@ def main() -> None:
     }
     if args.bench_depth:
         metrics["benchmark_block"] = {"depth": args.bench_depth, "width": args.bench_width}
-    model = to_onnx(params, mean, std, args.name, args.version, metrics, args.bench_depth, args.bench_width)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, args.out)
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes): {json.dumps(metrics)}")
+    model = to_onnx(params, mean, std, spec.names, name, args.version, metrics, args.bench_depth, args.bench_width)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, out)
+    print(f"wrote {out} ({out.stat().st_size} bytes): {json.dumps(metrics)}")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,8 @@ class FeatureSpec:
     features: tuple[Feature, ...]
     allowed_lateness_ms: int
     time_format: str = "epoch_ms"
+    label: str = "flagged"  # the predictions' boolean: score >= the worker's threshold
+    avro_record: str = "Event"  # the name of the Avro input schema's record (what producers register)
     names: tuple[str, ...] = field(init=False)
     stored: tuple[str, ...] = field(init=False)  # the fields a key's state keeps, per event, in this order
     max_window_ms: int = field(init=False)
@@ -176,7 +178,8 @@ def parse_spec(text: str, *, source: str = "<spec>") -> FeatureSpec:
 class _Reader:
     """Turns a parsed TOML document into a FeatureSpec, with errors that say where."""
 
-    TOP = ("name", "key", "event_id", "event_time", "time_format", "allowed_lateness", "fields", "features")
+    TOP = ("name", "key", "event_id", "event_time", "time_format", "allowed_lateness", "label", "avro_record",
+           "fields", "features")
     FIELD_KEYS = ("type", "optional", "default", "min", "max", "max_chars")
     FEATURE_KEYS = ("name", "op", "field", "window", "default")
 
@@ -219,6 +222,15 @@ class _Reader:
             lateness = parse_duration_ms(doc.get("allowed_lateness", "0s"))
         except ValueError as exc:
             raise self.fail(f"'allowed_lateness': {exc}", r"^\s*allowed_lateness\s*=") from None
+        label = doc.get("label", "flagged")
+        if not isinstance(label, str) or not _NAME.match(label) or label in roles.values() or label in (
+                "score", "model", "timing"):
+            raise self.fail(f"'label' names the predictions' field that says score >= threshold: letters, digits "
+                            f"and _, not an input role or score, model, timing; got {label!r}", r"^\s*label\s*=")
+        avro_record = doc.get("avro_record", "Event")
+        if not isinstance(avro_record, str) or not _NAME.match(avro_record):
+            raise self.fail(f"'avro_record' must be an Avro name (letters, digits and _), got {avro_record!r}",
+                            r"^\s*avro_record\s*=")
         raw_fields = doc.get("fields", {})
         if not isinstance(raw_fields, dict):
             raise self.fail("'fields' must be a table of input fields: [fields] then name = { type = ... }",
@@ -237,7 +249,7 @@ class _Reader:
                                 "input names and must be unique", *self.feature_lines(feature.name, index))
             features.append(feature)
         return FeatureSpec(name.strip(), roles["key"], roles["event_id"], roles["event_time"], fields,
-                           tuple(features), lateness, time_format)
+                           tuple(features), lateness, time_format, label, avro_record)
 
     def input_field(self, name: str, value: Any, roles: dict[str, str]) -> Field:
         where = (rf"^\s*\[\s*fields\.{re.escape(name)}\s*\]", rf"^\s*{re.escape(name)}\s*=")
@@ -372,7 +384,7 @@ def check_value(spec_field: Field, value: Any) -> tuple[str, str] | None:
     if isinstance(value, float) and not math.isfinite(value):
         return "not_finite", f"must be finite, got {value}"
     if not -_FLOAT_MAX <= value <= _FLOAT_MAX:  # an integer too large to be a float
-        return "out_of_range", f"{value:.6g} is out of a float's range"
+        return "out_of_range", f"an integer of {int(value).bit_length()} bits is out of a float's range"
     if spec_field.min is not None and value < spec_field.min:
         return "out_of_range", f"{value} is below its minimum {spec_field.min:g}"
     if spec_field.max is not None and value > spec_field.max:

@@ -25,7 +25,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema, schemaless_reader
 
-from agents.avro import frame, load_schema
+from agents.avro import frame, schema_for
 from app.localhost import free_port
 from app.synthetic import TransactionGenerator
 from app.topics import assign_all
@@ -44,7 +44,7 @@ from tests.integration.kafka_helpers import (
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-V1 = load_schema("transaction")
+V1 = schema_for("input", DEFAULT_SPEC)
 # The next version a producer moves to: a field added with a default (backward compatible).
 V2 = dict(V1, fields=[*V1["fields"], {"name": "channel", "type": "string", "default": "online"}])
 # A field added without a default: records written with the older versions cannot be read with it.
@@ -250,6 +250,6 @@ def test_while_the_registry_is_down_only_records_of_schemas_not_seen_yet_are_dea
 
 def _plain(value: bytes) -> dict[str, Any]:
     """A prediction read with seam's own schema (the registry is down: Confluent's deserializer would ask it)."""
-    datum = schemaless_reader(io.BytesIO(value[5:]), parse_schema(load_schema("prediction")), None)
+    datum = schemaless_reader(io.BytesIO(value[5:]), parse_schema(schema_for("prediction", DEFAULT_SPEC)), None)
     assert isinstance(datum, dict)
     return datum

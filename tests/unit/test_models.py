@@ -55,14 +55,14 @@ class Harness:
         async def deliver(result: BatchResult[Any]) -> None:
             if role == "shadow":
                 await self.release.wait()
-            self.delivered.extend((role, info.tag, item.tx.card_id) for item in result.items)
+            self.delivered.extend((role, info.tag, item.tx.key) for item in result.items)
 
         boundary: ModelBoundary[Any] = ModelBoundary(runtime.predict, deliver, max_batch_size=self._batch,
                                                      max_wait_ms=1, max_inflight_batches=1, sla_ms=50, adaptive=True)
         return boundary, metrics
 
     async def submit(self, cards: list[str]) -> None:
-        rows = [(ROW, SimpleNamespace(tx=SimpleNamespace(card_id=card))) for card in cards]
+        rows = [(ROW, SimpleNamespace(tx=SimpleNamespace(key=card))) for card in cards]
         await asyncio.wait_for(self.models.submit_many(rows), GUARD_S)
 
     async def settle(self, count: int) -> None:

@@ -31,7 +31,7 @@ def test_defaults_topics_and_port() -> None:
     assert s.max_batch_size == 256
     assert s.max_wait_ms == 5.0
     assert s.max_inflight_batches == 2
-    assert s.allowed_lateness_s == 60.0
+    assert s.feature_spec.name == "fraud.toml" and s.feature_spec.is_file()
     assert s.standby_replicas == 0
     assert s.model_path.name == "fraud-mlp.onnx"
     assert isinstance(s.data_dir, Path)
@@ -58,7 +58,7 @@ def test_non_seam_variables_are_ignored() -> None:
         ("SEAM_MAX_WAIT_MS", "2.5", "max_wait_ms", 2.5),
         ("SEAM_MAX_WAIT_MS", "0", "max_wait_ms", 0.0),
         ("SEAM_FRAUD_THRESHOLD", "0.75", "fraud_threshold", 0.75),
-        ("SEAM_ALLOWED_LATENESS_S", "1e2", "allowed_lateness_s", 100.0),
+        ("SEAM_FEATURE_SPEC", "specs/sensors.toml", "feature_spec", Path("specs/sensors.toml")),
         ("SEAM_APP_ID", "seam-test", "app_id", "seam-test"),
         ("SEAM_INPUT_TOPIC", "tx-in", "input_topic", "tx-in"),
         ("SEAM_DEVICE", "cpu", "device", "cpu"),
@@ -109,6 +109,12 @@ def test_unknown_seam_variable_is_named() -> None:
         Settings.from_env({"SEAM_MAX_BATCH": "10"})
 
 
+def test_a_setting_that_moved_says_where_it_went() -> None:
+    """SEAM_ALLOWED_LATENESS_S is declared by the feature spec now: the refusal says so."""
+    with pytest.raises(SettingsError, match=r"SEAM_ALLOWED_LATENESS_S is now allowed_lateness in the feature spec"):
+        Settings.from_env({"SEAM_ALLOWED_LATENESS_S": "30"})
+
+
 def test_all_unknown_variables_are_named() -> None:
     """Every unknown SEAM_ name is reported, not only the first."""
     with pytest.raises(SettingsError) as info:
@@ -140,7 +146,6 @@ def test_settings_error_is_a_value_error() -> None:
         ("SEAM_FRAUD_THRESHOLD", "-0.1"),
         ("SEAM_FRAUD_THRESHOLD", "nan"),
         ("SEAM_TOPIC_PARTITIONS", "0"),
-        ("SEAM_ALLOWED_LATENESS_S", "-1"),
         ("SEAM_MAX_RECORD_BYTES", "0"),
         ("SEAM_WEB_PORT", "http"),
         ("SEAM_STANDBY_REPLICAS", "-1"),
@@ -161,10 +166,7 @@ def test_bad_values_name_the_variable(name: str, text: str) -> None:
         # max_wait_ms=nan slips past `< 0`: Batcher.ready() is then never true by age while
         # ModelBoundary.run() dispatches at once (`clock() < nan` is False).
         ("SEAM_MAX_WAIT_MS", "nan"),
-        # The scoring agent computes int(allowed_lateness_s * 1000): nan -> ValueError and
-        # inf -> OverflowError inside the running worker instead of at start-up.
-        ("SEAM_ALLOWED_LATENESS_S", "nan"),
-        ("SEAM_ALLOWED_LATENESS_S", "inf"),
+        ("SEAM_SLA_MS", "inf"),
     ],
 )
 def test_non_finite_values_are_rejected(name: str, text: str) -> None:
