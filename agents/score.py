@@ -49,7 +49,7 @@ from tables.card_store import Stored, changes
 from tables.changelog import ChangelogProducer, ChangelogWriter
 from tables.features import CardState
 from tables.spec import FeatureSpec
-from tables.state import WATERMARK_KEY, StateTables
+from tables.state import LAYOUT_KEY, WATERMARK_KEY, StateTables
 
 __all__ = ["ScoringService", "install"]
 
@@ -141,11 +141,12 @@ class ScoringService(Service):
             raise RuntimeError("the changelog producer is not running")
         return await producer.send_many(topic, partition, records)
 
-    def _state_writers(self) -> tuple[StoreCard, Callable[[int], None]]:
-        """How the state cache writes a card's state and a watermark, for the configured mode."""
+    def _state_writers(self) -> tuple[StoreCard, Callable[[int], None], Callable[[str], None]]:
+        """How the state cache writes a key's state, a watermark and a layout record, for the configured mode."""
         tables = self.tables
         if self.transactions is None and self.changelog is None:
-            return tables.store_state, tables.store_watermark  # the plain Faust path: Faust table writes
+            # The plain Faust path: Faust table writes.
+            return tables.store_state, tables.store_watermark, tables.store_layout
         write = self.transactions.stage if self.transactions is not None else self.changelog.write  # type: ignore[union-attr]
 
         def write_state(card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
@@ -158,7 +159,10 @@ class ScoringService(Service):
         def write_watermark(max_ts: int) -> None:
             write(tables.watermarks, ingest.current_partition(), WATERMARK_KEY, max_ts)
 
-        return write_state, write_watermark
+        def write_layout(layout: str) -> None:
+            write(tables.watermarks, ingest.current_partition(), LAYOUT_KEY, layout)
+
+        return write_state, write_watermark, write_layout
 
     async def on_start(self) -> None:
         settings = self.settings
@@ -191,12 +195,13 @@ class ScoringService(Service):
         outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send,
                           feature_log_topic=settings.feature_log_topic or None)
         lateness_ms = self.spec.allowed_lateness_ms
-        store_card, store_max_ts = self._state_writers()
+        store_card, store_max_ts, store_layout = self._state_writers()
         cache = StateCache(
             load_card=self.tables.load_state, load_cards=self.tables.load_states,
             load_watermark=self.tables.load_watermark, store_card=store_card,
             store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
             max_clean_bytes=settings.state_cache_mb << 20, spec=self.spec,
+            load_layout=self.tables.load_layout, store_layout=store_layout,
             on_load=self.metrics.state_load.observe,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
         models = ModelSet(self._load_model, self._serve, self._on_dispatch_failure, metrics=self.metrics)

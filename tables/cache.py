@@ -30,8 +30,9 @@ from typing import TypeVar
 
 from tables.card_store import Stored, events_held
 from tables.features import DEFAULT_SPEC, CardState, FeatureSpec, Watermark, memory_bytes, new_state
+from tables.spec import layout_change
 
-__all__ = ["StateCache"]
+__all__ = ["StateCache", "StateLayoutError"]
 
 Scope = Callable[[int], AbstractContextManager[object]]
 # Reads a card from its table (None if unknown); writes the changes since ``Stored`` (given the
@@ -40,6 +41,10 @@ LoadCard = Callable[[str], tuple[CardState, Stored] | None]
 TRIM_STEP_CARDS = 2_048  # the most clean states one trim drops (it runs after every flush)
 LoadCards = Callable[[list[str]], list[tuple[CardState, Stored] | None]]  # several cards, batched reads
 StoreCard = Callable[[str, CardState, Stored, set[int]], int]
+
+
+class StateLayoutError(RuntimeError):
+    """A partition's stored state was built for a spec it cannot serve (the message says why and what to do)."""
 
 
 class StateCache:
@@ -59,6 +64,8 @@ class StateCache:
         clock: Callable[[], float] = time.perf_counter,
         load_cards: LoadCards | None = None,
         spec: FeatureSpec = DEFAULT_SPEC,
+        load_layout: Callable[[], str | None] | None = None,
+        store_layout: Callable[[str], None] | None = None,
     ) -> None:
         """``on_load(seconds)`` is told how long each card read from the table took (a miss; a batched
         read's time is shared among its cards)."""
@@ -89,6 +96,10 @@ class StateCache:
         self._on_load = on_load
         self._clock = clock
         self._spec = spec
+        # Each partition's state records the layout it holds (tables.spec.FeatureSpec.layout), read with its
+        # watermark: a spec the state cannot serve stops the worker (StateLayoutError) instead of scoring wrongly.
+        self._load_layout, self._store_layout = load_layout, store_layout
+        self._dirty_layouts: set[int] = set()
 
     def card(self, partition: int, card_id: str) -> CardState:
         """The card's state (from the cache, else the table, else new); mark it changed with touch()."""
@@ -172,6 +183,14 @@ class StateCache:
         if watermark is None:
             with self._scope(partition):
                 max_ts = self._load_watermark()
+                recorded = self._load_layout() if self._load_layout is not None else None
+            if recorded != self._spec.layout and self._store_layout is not None:
+                if recorded is not None:
+                    problem = layout_change(recorded, self._spec)
+                    if problem is not None:
+                        raise StateLayoutError(f"partition {partition}'s state cannot serve feature spec "
+                                               f"{self._spec.name!r}: {problem}")
+                self._dirty_layouts.add(partition)  # recorded with the partition's next writes
             watermark = self._watermarks[partition] = Watermark(self._lateness_ms, max_ts)
         return watermark
 
@@ -209,7 +228,7 @@ class StateCache:
         """
         epoch = self.epoch
         self.epoch += 1  # changes from now on are acknowledged after the next flush
-        partitions = sorted(set(self._dirty) | self._dirty_watermarks)
+        partitions = sorted(set(self._dirty) | self._dirty_watermarks | self._dirty_layouts)
         writes = 0
         for partition in partitions:
             pending = list(self._dirty.pop(partition, {}).items())
@@ -243,15 +262,21 @@ class StateCache:
         return writes
 
     def _write_watermark(self, partition: int) -> int:
+        written = 0
+        if partition in self._dirty_layouts and self._store_layout is not None:
+            self._dirty_layouts.discard(partition)
+            with self._scope(partition):
+                self._store_layout(self._spec.layout)
+            written = 1
         if partition not in self._dirty_watermarks:
-            return 0
+            return written
         self._dirty_watermarks.discard(partition)
         watermark = self._watermarks.get(partition)
         if watermark is None or watermark.max_ts is None:
             return 0
         with self._scope(partition):
             self._store_watermark(watermark.max_ts)
-        return 1
+        return written + 1
 
     def _flushed(self, epoch: int, writes: int, trim: bool) -> None:
         self._flushed_epoch = epoch + 1
@@ -320,6 +345,7 @@ class StateCache:
         self._dirty.clear()
         self._watermarks.clear()
         self._dirty_watermarks.clear()
+        self._dirty_layouts.clear()
         self._deferred.clear()
         self._prefetched.clear()
         self.last_events_held = self.last_bytes_held = 0

@@ -30,6 +30,7 @@ that is wrong and, where it can be found, the line.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import tomllib
@@ -39,7 +40,7 @@ from typing import Any
 
 __all__ = ["OPERATIONS", "Feature", "FeatureSpec", "Field", "Operation", "SpecError", "describe", "feature_set_version",
            "format_duration",
-           "check_value", "load_spec", "parse_duration_ms", "parse_spec"]
+           "check_value", "layout_change", "load_spec", "parse_duration_ms", "parse_spec"]
 
 FIELD_TYPES = ("float", "int", "string", "bool")
 NUMERIC = frozenset({"float", "int", "bool"})  # what aggregates read as numbers (a bool as 0.0 or 1.0)
@@ -123,13 +124,13 @@ class FeatureSpec:
     label: str = "flagged"  # the predictions' boolean: score >= the worker's threshold
     avro_record: str = "Event"  # the name of the Avro input schema's record (what producers register)
     names: tuple[str, ...] = field(init=False)
-    stored: tuple[str, ...] = field(init=False)  # the fields a key's state keeps, per event, in this order
+    stored: tuple[str, ...] = field(init=False)  # the fields a key's state keeps, per event (declaration order)
     max_window_ms: int = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", tuple(f.name for f in self.features))
-        used = dict.fromkeys(f.field for f in self.features if f.field is not None)
-        object.__setattr__(self, "stored", tuple(used))
+        used = {f.field for f in self.features if f.field is not None}
+        object.__setattr__(self, "stored", tuple(f.name for f in self.fields if f.name in used))
         windows = [f.window_ms for f in self.features if f.window_ms is not None]
         object.__setattr__(self, "max_window_ms", max(windows, default=0))
 
@@ -137,6 +138,18 @@ class FeatureSpec:
     def version(self) -> str:
         """Names the feature set (its names in order): the feature log's records carry it."""
         return feature_set_version(self.names)
+
+    @property
+    def horizon_ms(self) -> int:
+        """How far back in event time a key's state reaches: the allowed lateness and twice the longest window."""
+        return self.allowed_lateness_ms + 2 * self.max_window_ms
+
+    @property
+    def layout(self) -> str:
+        """What a key's stored state holds under this spec (JSON): its key field, its value columns in order,
+        and its horizon. Each state partition records it; :func:`layout_change` compares a recorded one."""
+        return json.dumps({"key": self.key, "fields": list(self.stored), "horizon_ms": self.horizon_ms},
+                          sort_keys=True)
 
     def field(self, name: str) -> Field:
         """The input field called ``name``."""
@@ -417,3 +430,34 @@ def describe(spec: FeatureSpec) -> str:
         default = f" (default {feature.default:g})" if feature.default is not None else ""
         lines.append(f"  {number:>3}  {feature.name:<{width}}  {feature.op}{over}{window}{default}")
     return "\n".join(lines)
+
+
+def layout_change(recorded: str, spec: FeatureSpec) -> str | None:
+    """Why state recorded with layout ``recorded`` cannot serve ``spec`` (None: it can, as it is).
+
+    The state can serve a spec that keys by the same field, keeps the same fields, and reaches back no
+    further than the state does: features may be added, removed or reordered over those fields, and
+    windows or the lateness may shrink. Anything else would compute features from history the state
+    does not hold, or from the wrong columns.
+    """
+    try:
+        held = json.loads(recorded)
+        key, fields, horizon = held["key"], list(held["fields"]), int(held["horizon_ms"])
+    except (ValueError, KeyError, TypeError):
+        return f"the state's layout record is unreadable: {recorded[:200]!r}"
+    advice = ("start the workers with a new SEAM_APP_ID (state is then rebuilt from the input topic's retained "
+              "events), or go back to the spec the state was built with")
+    if key != spec.key:
+        return f"the state is keyed by {key!r} and the spec by {spec.key!r}: {advice}"
+    if fields != list(spec.stored):
+        added = [name for name in spec.stored if name not in fields]
+        if added:
+            return (f"the spec's features read {', '.join(added)}, which the state does not keep (it keeps "
+                    f"{', '.join(fields) or 'no field'}): their history is not there; {advice}")
+        return (f"the state keeps the fields {', '.join(fields)} and the spec reads {', '.join(spec.stored) or 'none'}"
+                f": a state keeps the fields it was built with; {advice}")
+    if spec.horizon_ms > horizon:
+        return (f"the spec reaches back {format_duration(spec.horizon_ms)} (allowed lateness and twice its longest "
+                f"window) but the state holds {format_duration(horizon)}: the longer windows would miss events; "
+                f"{advice}")
+    return None

@@ -18,11 +18,13 @@ from app.settings import Settings
 from tables.card_store import Stored, changes, decode, decode_many
 from tables.features import CardState
 
-__all__ = ["WATERMARK_KEY", "StateTables"]
+__all__ = ["LAYOUT_KEY", "WATERMARK_KEY", "StateTables"]
 
 MIB = 1024 * 1024
 # One key per partition of the watermarks table: the highest event time seen on it.
 WATERMARK_KEY = b"max_ts"
+# And the layout its key states hold (tables.spec.FeatureSpec.layout): what spec they can serve.
+LAYOUT_KEY = b"layout"
 
 
 class StateTables:
@@ -86,3 +88,12 @@ class StateTables:
     def store_watermark(self, max_ts: int) -> None:
         """Write the current partition's highest event time."""
         self.watermarks[WATERMARK_KEY] = max_ts
+
+    def load_layout(self) -> str | None:
+        """Read the layout the current partition's states were written in (None before any was recorded)."""
+        layout: str | None = self.watermarks.get(LAYOUT_KEY)
+        return layout
+
+    def store_layout(self, layout: str) -> None:
+        """Record the layout the current partition's states are written in."""
+        self.watermarks[LAYOUT_KEY] = layout

@@ -8,9 +8,11 @@ from contextlib import contextmanager
 
 import pytest
 
-from tables.cache import StateCache
+from tables.cache import StateCache, StateLayoutError
 from tables.card_store import Stored
 from tables.features import CardState, apply_event, memory_bytes, new_state
+from tables.spec import FeatureSpec, parse_spec
+from tests.specs import fraud_like
 
 LATENESS_MS = 60_000
 T = 1_764_500_000_000
@@ -517,3 +519,76 @@ def test_a_partition_is_written_up_to_one_moment_with_its_watermark(
         pass
     assert (0, "meanwhile") in tables.cards and tables.watermarks[0] == T + 100
     assert cache.dirty_cards() == 0
+
+
+# --- the layout a partition's states hold ----------------------------------------------------------------------
+
+
+def layout_cache(tables: Tables, layouts: dict[int, str], spec: FeatureSpec) -> StateCache:
+    def load_layout() -> str | None:
+        return layouts.get(tables._partition())
+
+    def store_layout(layout: str) -> None:
+        layouts[tables._partition()] = layout
+
+    return StateCache(load_card=tables.load_card, store_card=tables.store_card, load_watermark=tables.load_watermark,
+                      store_watermark=tables.store_watermark, scope=tables.scope,
+                      allowed_lateness_ms=spec.allowed_lateness_ms, spec=spec, load_layout=load_layout,
+                      store_layout=store_layout)
+
+
+def test_a_partition_records_its_layout_and_refuses_a_spec_it_cannot_serve(tables: Tables) -> None:
+    """Compatible: a feature added over a kept field, windows no longer than the state holds. Not: a field the
+    state does not keep, a longer reach back, another key. The refusal says what changed and what to do."""
+    layouts: dict[int, str] = {}
+    base = fraud_like((60, 600), 600, 600)
+    cache = layout_cache(tables, layouts, base)
+    cache.watermark(0).observe(T)
+    cache.touch_watermark(0)
+    cache.flush()
+    assert layouts == {0: base.layout}
+
+    narrower = fraud_like((60,), 60, 60)  # less history needed: served, and recorded as the new reach
+    served = layout_cache(tables, layouts, narrower)
+    served.watermark(0)
+    served.flush()
+    assert layouts == {0: narrower.layout}
+
+    wider = fraud_like((60, 600), 600, 600)  # back to 10 minutes: the state now keeps only the narrower reach
+    with pytest.raises(StateLayoutError, match=r"partition 0's state cannot serve .* reaches back 21m .* holds 3m"):
+        layout_cache(tables, layouts, wider).watermark(0)
+    reads_more = parse_spec(SPEC_WITH_COUNTRY, source="t")
+    with pytest.raises(StateLayoutError, match="read country, which the state does not keep .* new SEAM_APP_ID"):
+        layout_cache(tables, layouts, reads_more).watermark(0)
+    other_key = parse_spec(SPEC_WITH_COUNTRY.replace('key = "card_id"', 'key = "merchant_id"').replace(
+        'merchant_id = { type = "string" }', 'card_id = { type = "string" }'), source="t")
+    with pytest.raises(StateLayoutError, match="keyed by 'card_id' and the spec by 'merchant_id'"):
+        layout_cache(tables, layouts, other_key).watermark(0)
+    assert layouts == {0: narrower.layout}  # a refused spec writes nothing
+    layout_cache(tables, layouts, wider).watermark(1)  # a partition without state takes any spec
+
+
+SPEC_WITH_COUNTRY = """
+name = "t"
+key = "card_id"
+event_id = "id"
+event_time = "ts"
+allowed_lateness = "60s"
+
+[fields]
+amount = { type = "float" }
+merchant_id = { type = "string" }
+country = { type = "string" }
+
+[[features]]
+name = "countries_60s"
+op = "distinct"
+field = "country"
+window = "60s"
+
+[[features]]
+name = "amount_sum_60"
+op = "sum"
+field = "amount"
+window = "60s"
+"""
