@@ -42,7 +42,7 @@ boundary, for example behind a backlog in the topic) cannot be saved by releasin
 the oldest item is such an item, a batch is released when it is full or when that item has waited
 ``max_wait_s``, in either mode: full batches clear the backlog fastest.
 
-Items leave in arrival order, so predictions for one card leave in the order its events arrived.
+Items leave in arrival order, so predictions for one key leave in the order its events arrived.
 """
 
 from __future__ import annotations

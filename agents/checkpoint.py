@@ -7,7 +7,7 @@ and under exactly once holds intake for the whole commit. :class:`Checkpoint` is
 At least once (``before_offsets``, then Faust's offset commit)::
 
     1. write state   the state cache's changes, in steps of at most 2 ms of work (records are scored
-                     between them); the cards written stay cached
+                     between them); the keys written stay cached
     2. changelog     the changelog records, in batches per partition on their own producer, all
                      acknowledged, then the writes into the local RocksDB stores and the cache may
                      trim; a failure stops the worker and no later commit happens
@@ -119,7 +119,7 @@ class Checkpoint:
         while not self._scoring.should_stop:
             await asyncio.sleep(self._write_interval_s)
             pipeline = self._scoring.pipeline
-            if pipeline is None or self._app.rebalancing or pipeline.cache.dirty_cards() == 0:
+            if pipeline is None or self._app.rebalancing or pipeline.cache.dirty_keys() == 0:
                 continue
             async with self._writing:
                 try:
@@ -132,7 +132,7 @@ class Checkpoint:
         assert changelog is not None
         writes = 0
         started = step_started = time.perf_counter()
-        # 1. write state: the cards written stay cached (no trim) until step 2 has stored them.
+        # 1. write state: the keys written stay cached (no trim) until step 2 has stored them.
         for written in cache.flushing(trim=False):
             writes = written
             if time.perf_counter() - step_started > STEP_S:
@@ -167,6 +167,6 @@ class Checkpoint:
         metrics = self._scoring.metrics
         metrics.state_flush.observe(seconds)
         metrics.state_writes.inc(writes)
-        metrics.cached_cards.set(cache.cached_cards())
+        metrics.cached_keys.set(cache.cached_keys())
         metrics.cached_events.set(cache.last_events_held)
         metrics.cached_bytes.set(cache.last_bytes_held)

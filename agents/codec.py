@@ -258,7 +258,7 @@ FEATURE_RECORD_FORMAT = 1
 
 @dataclass(frozen=True, slots=True)
 class FeatureRecord:
-    """A decoded feature-log record (its key, the card id, is the record's key)."""
+    """A decoded feature-log record (its key, the key id, is the record's key)."""
 
     id: str
     ts: int

@@ -1,9 +1,9 @@
-"""Model deployments as data: what a worker should serve, how a command changes it, which card gets which model.
+"""Model deployments as data: what a worker should serve, how a command changes it, which key gets which model.
 
 Pure (no Kafka, no ONNX Runtime): :mod:`agents.control` reads and writes these records on the compacted
 control topic, :mod:`agents.models` loads and serves what they name.
 
-A :class:`Deployment` names a **primary** model, optionally a **canary** with the share of cards it
+A :class:`Deployment` names a **primary** model, optionally a **canary** with the share of keys it
 scores, and optionally a **shadow** that scores the same rows off the critical path. Each entry is a
 model file and its SHA-256: a worker refuses a file whose bytes hash to something else. Every change
 is a new deployment with the next revision; the ones it replaced are kept, newest first, so
@@ -32,10 +32,10 @@ __all__ = [
     "set_shadow",
 ]
 
-CANARY_BUCKETS = 10_000  # a card's bucket is in [0, 10,000): shares are exact to a hundredth of a percent
+CANARY_BUCKETS = 10_000  # a key's bucket is in [0, 10,000): shares are exact to a hundredth of a percent
 HISTORY = 10  # replaced deployments kept for rollback
 _CANARY_PERSON = b"seam-canary"  # not the partitioner's hash: a canary share must not follow partitions
-_BUCKETS: dict[str, int] = {}  # card -> bucket (cards repeat; a hash costs ~0.6 us)
+_BUCKETS: dict[str, int] = {}  # key -> bucket (keys repeat; a hash costs ~0.6 us)
 _BUCKETS_KEPT = 500_000
 
 
@@ -43,18 +43,18 @@ class DeploymentError(ValueError):
     """A deployment record or command that cannot be used (the message says why)."""
 
 
-def canary_bucket(card_id: str) -> int:
-    """The card's stable bucket in ``[0, CANARY_BUCKETS)``: the same on every worker, run and version.
+def canary_bucket(key: str) -> int:
+    """The key's stable bucket in ``[0, CANARY_BUCKETS)``: the same on every worker, run and version.
 
     BLAKE2b, not CRC-32: a CRC is linear, and over ids that differ in a few characters ("c-0" ... "c-4999")
-    its buckets were not uniform (18.0 % of those cards below a 20 % threshold, against 20.1 % here).
+    its buckets were not uniform (18.0 % of those keys below a 20 % threshold, against 20.1 % here).
     """
-    bucket = _BUCKETS.get(card_id)
+    bucket = _BUCKETS.get(key)
     if bucket is None:
         if len(_BUCKETS) >= _BUCKETS_KEPT:
             _BUCKETS.clear()
-        digest = hashlib.blake2b(card_id.encode(), digest_size=8, person=_CANARY_PERSON).digest()
-        bucket = _BUCKETS[card_id] = int.from_bytes(digest, "big") % CANARY_BUCKETS
+        digest = hashlib.blake2b(key.encode(), digest_size=8, person=_CANARY_PERSON).digest()
+        bucket = _BUCKETS[key] = int.from_bytes(digest, "big") % CANARY_BUCKETS
     return bucket
 
 
@@ -104,7 +104,7 @@ class Deployment:
     revision: int
     primary: ModelRef
     canary: ModelRef | None = None
-    canary_percent: float = 0.0  # of cards, by canary_bucket
+    canary_percent: float = 0.0  # of keys, by canary_bucket
     shadow: ModelRef | None = None
     history: tuple[Deployment, ...] = ()  # the deployments this one replaced, newest first
     command: str = ""  # what made it: "deploy", "promote", "rollback" (or "settings" for a worker's default)
@@ -119,7 +119,7 @@ class Deployment:
 
     @property
     def canary_buckets(self) -> int:
-        """Cards whose bucket is below this go to the canary."""
+        """Keys whose bucket is below this go to the canary."""
         return round(self.canary_percent * CANARY_BUCKETS / 100) if self.canary is not None else 0
 
     def same_models(self, other: Deployment | None) -> bool:
@@ -187,7 +187,7 @@ def _next(current: Deployment | None, **changes: Any) -> Deployment:
 
 def deploy(current: Deployment | None, model: ModelRef, *, canary_percent: float | None = None,
            shadow: ModelRef | None = None) -> Deployment:
-    """``seam model deploy``: ``model`` as the new primary, or as a canary on ``canary_percent`` of the cards.
+    """``seam model deploy``: ``model`` as the new primary, or as a canary on ``canary_percent`` of the keys.
 
     A shadow given here replaces the current one; without one, the current shadow stays. A canary
     deployment needs a primary to compare against and replaces a canary already running.
@@ -205,7 +205,7 @@ def deploy(current: Deployment | None, model: ModelRef, *, canary_percent: float
 
 
 def promote(current: Deployment | None) -> Deployment:
-    """``seam model promote``: the canary becomes the primary, for every card."""
+    """``seam model promote``: the canary becomes the primary, for every key."""
     if current is None or current.canary is None:
         raise DeploymentError("there is no canary to promote")
     return _next(current, primary=current.canary, canary=None, canary_percent=0.0, command="promote")
@@ -214,9 +214,9 @@ def promote(current: Deployment | None) -> Deployment:
 def rollback(current: Deployment | None) -> Deployment:
     """``seam model rollback``: undo the last rollout, as a new revision.
 
-    With a canary running, the canary is withdrawn (every card back on the primary). Otherwise the
+    With a canary running, the canary is withdrawn (every key back on the primary). Otherwise the
     primary goes back to the one before it (the most recent earlier deployment with another primary,
-    without its canary): after ``deploy --canary`` then ``promote``, a rollback puts every card back
+    without its canary): after ``deploy --canary`` then ``promote``, a rollback puts every key back
     on the model they started on. Rolling back again goes further back.
     """
     if current is None:

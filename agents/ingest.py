@@ -511,7 +511,7 @@ class BatchConsumer(FaustConsumer):
                        inputs: bool = True) -> None:
         # Faust's loop drops what a rebalance interrupts and seeks back to the committed offsets, but
         # a changelog has none: the fetcher would stay past records a restore then never receives (a
-        # card restored without them). An input partition dropped without that seek (fetched while it
+        # key restored without them). An input partition dropped without that seek (fetched while it
         # was not yet active, or in a generation that ended) would stay past them as well, and its next
         # records would start after a hole that the acknowledgement ledger takes for offsets the broker
         # skipped: committed, never scored. Both are sought back to (see app.faust_compat.rewind);

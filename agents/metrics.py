@@ -237,7 +237,7 @@ class BoundaryMetrics:
             buckets=_LATENCY_BUCKETS, registry=r)
         self.loop_lag = Histogram("seam_event_loop_lag_seconds", "How late the event loop ran a 50 ms timer.",
                                   buckets=_LATENCY_BUCKETS, registry=r)
-        self.state_flush = Histogram("seam_state_flush_seconds", "Writing changed card state before a commit.",
+        self.state_flush = Histogram("seam_state_flush_seconds", "Writing changed key state before a commit.",
                                      buckets=_LATENCY_BUCKETS, registry=r)
         self.state_writes = Counter("seam_state_writes", "Changelog records written by state flushes.", registry=r)
         self.commit = Histogram("seam_commit_seconds", "Offset commits, state flush included.",
@@ -247,13 +247,13 @@ class BoundaryMetrics:
         self.rebalance = Histogram("seam_rebalance_seconds", "From partitions revoked to the new assignment "
                                    "handled (its state restore is seam_restore_remaining_records).",
                                    buckets=_LATENCY_BUCKETS, registry=r)
-        self.state_load = Histogram("seam_state_load_seconds", "Reading a card state the cache did not hold from "
+        self.state_load = Histogram("seam_state_load_seconds", "Reading a key state the cache did not hold from "
                                     "the table (RocksDB reads and decoding), per miss.", buckets=_LOAD_BUCKETS,
                                     registry=r)
-        self.cached_cards = Gauge("seam_state_cached_cards", "Card states held in memory.", registry=r)
-        self.cached_events = Gauge("seam_state_cached_events", "Events held in the card states in memory.",
+        self.cached_keys = Gauge("seam_state_cached_keys", "Key states held in memory.", registry=r)
+        self.cached_events = Gauge("seam_state_cached_events", "Events held in the key states in memory.",
                                    registry=r)
-        self.cached_bytes = Gauge("seam_state_cached_bytes", "Memory of the card states in memory, as the cache "
+        self.cached_bytes = Gauge("seam_state_cached_bytes", "Memory of the key states in memory, as the cache "
                                   "counts it against SEAM_STATE_CACHE_MB.", registry=r)
         self.breaches = BreachLog()
 

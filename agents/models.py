@@ -1,7 +1,7 @@
 """The models a worker serves (primary, canary, shadow), each on a boundary of its own, and the swap between them.
 
 :class:`ModelSet` stands where the pipeline used to see one boundary: ``submit_many`` routes each
-row by its card (:func:`agents.deployment.canary_bucket`) to the primary's or the canary's boundary,
+row by its key (:func:`agents.deployment.canary_bucket`) to the primary's or the canary's boundary,
 and offers a copy to the shadow's, which takes what fits and never makes the caller wait.
 
 :meth:`ModelSet.apply` moves to a new deployment without a restart: the files it names are read,

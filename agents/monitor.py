@@ -100,8 +100,8 @@ class Snapshot:
     state: Sequence[StatePartition] = ()
     restores: Sequence[Restore] = ()
     rebalancing: bool = False
-    cache_hits: int = 0  # card lookups the state cache answered, since the worker started
-    cache_misses: int = 0  # card lookups that read the table
+    cache_hits: int = 0  # key lookups the state cache answered, since the worker started
+    cache_misses: int = 0  # key lookups that read the table
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +166,7 @@ class WorkerCollector(Collector):
             if measured.seconds is not None:
                 seconds.add_metric(values, measured.seconds)
         yield from (owned, records, unhandled, seconds)
-        keys = GaugeMetricFamily("seam_state_keys", "Keys in the card-state table (RocksDB's estimate: card "
+        keys = GaugeMetricFamily("seam_state_keys", "Keys in the card-state table (RocksDB's estimate: key "
                                  "headers and sealed chunks), per partition.", labels=["partition"])
         size = GaugeMetricFamily("seam_state_bytes", "Bytes of the card-state table (SST files and memtables), "
                                  "per partition.", labels=["partition"])
@@ -181,7 +181,7 @@ class WorkerCollector(Collector):
         yield restore
         yield GaugeMetricFamily("seam_rebalancing", "1 while the consumer group rebalances.",
                                 value=1 if snapshot.rebalancing else 0)
-        lookups = CounterMetricFamily("seam_state_cache_lookups", "Card states looked up by the pipeline, by "
+        lookups = CounterMetricFamily("seam_state_cache_lookups", "Key states looked up by the pipeline, by "
                                       "result: hit (in memory) or miss (read from the table).", labels=["result"])
         lookups.add_metric(["hit"], snapshot.cache_hits)
         lookups.add_metric(["miss"], snapshot.cache_misses)

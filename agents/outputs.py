@@ -51,7 +51,7 @@ class _Partition:
 
 @dataclass(slots=True)
 class _PartitionCache:
-    """Key -> partition for one topic (card ids repeat: murmur2 in Python costs microseconds)."""
+    """Key -> partition for one topic (key ids repeat: murmur2 in Python costs microseconds)."""
 
     count: int
     by_key: dict[bytes, int] = field(default_factory=dict)

@@ -64,7 +64,7 @@ class Boundary(Protocol):
 
 HANDLE_STEP_S = 0.002  # the most handling work in one event-loop turn, across batches (checked per 16 records)
 HANDLE_CHECK_EVERY = 16
-# Records decoded ahead, whose cards the cache does not hold are then read together (StateCache.prefetch):
+# Records decoded ahead, whose keys the cache does not hold are then read together (StateCache.prefetch):
 # as many as between two checks of the step's time, so the reads of a step's misses stay in that step.
 PREFETCH_RECORDS = HANDLE_CHECK_EVERY
 
@@ -154,7 +154,7 @@ class Pipeline:
                     tx, topic=record.topic, partition=record.partition, offset=record.offset,
                     key=record.key, value=record.value, routed_at_ms=_now_ms()))
                 continue
-            state = cache.card(partition, tx.key)
+            state = cache.state(partition, tx.key)
             # A redelivered event already in its key's state is scored again (same features) even if
             # the restored watermark has passed it, as long as it lies within the replay horizon.
             if watermark.is_late(tx.ts) and not (

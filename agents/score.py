@@ -44,10 +44,10 @@ from agents.runtime import ModelFileError, ModelInfo, ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
 from app.faust_compat import committed_offset, restore_state, restoring, rocksdb_partitions
 from app.settings import Settings
-from tables.cache import StateCache, StoreCard
-from tables.card_store import Stored, changes
+from tables.cache import StateCache, StoreState
 from tables.changelog import ChangelogProducer, ChangelogWriter
-from tables.features import CardState
+from tables.features import KeyState
+from tables.key_store import Stored, changes
 from tables.spec import FeatureSpec
 from tables.state import LAYOUT_KEY, WATERMARK_KEY, StateTables
 
@@ -80,7 +80,7 @@ def _scored(result: BatchResult[ScoringItem]) -> np.ndarray:
 def _tune_garbage_collection() -> None:
     """Keep CPython's cyclic collector from stalling the event loop (reference counting frees the rest).
 
-    A full collection walks every tracked object, every element of the card states' lists included,
+    A full collection walks every tracked object, every element of the key states' lists included,
     and holds the event loop meanwhile: 80-200 ms every 2-3 s at 4,000 events/s with the default
     thresholds. Everything loaded by now (Faust, aiokafka, ONNX Runtime, numpy) lives as long as the
     worker and is frozen, so no collection walks it again; and collections run far less often: young
@@ -141,7 +141,7 @@ class ScoringService(Service):
             raise RuntimeError("the changelog producer is not running")
         return await producer.send_many(topic, partition, records)
 
-    def _state_writers(self) -> tuple[StoreCard, Callable[[int], None], Callable[[str], None]]:
+    def _state_writers(self) -> tuple[StoreState, Callable[[int], None], Callable[[str], None]]:
         """How the state cache writes a key's state, a watermark and a layout record, for the configured mode."""
         tables = self.tables
         if self.transactions is None and self.changelog is None:
@@ -149,11 +149,11 @@ class ScoringService(Service):
             return tables.store_state, tables.store_watermark, tables.store_layout
         write = self.transactions.stage if self.transactions is not None else self.changelog.write  # type: ignore[union-attr]
 
-        def write_state(card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
+        def write_state(key: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
             partition = ingest.current_partition()
-            writes = changes(card_id.encode(), state, stored, touched)
-            for key, value in writes:
-                write(tables.card_state, partition, key, value)
+            writes = changes(key.encode(), state, stored, touched)
+            for raw, value in writes:
+                write(tables.state_table, partition, raw, value)
             return len(writes)
 
         def write_watermark(max_ts: int) -> None:
@@ -195,10 +195,10 @@ class ScoringService(Service):
         outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send,
                           feature_log_topic=settings.feature_log_topic or None)
         lateness_ms = self.spec.allowed_lateness_ms
-        store_card, store_max_ts, store_layout = self._state_writers()
+        store_state, store_max_ts, store_layout = self._state_writers()
         cache = StateCache(
-            load_card=self.tables.load_state, load_cards=self.tables.load_states,
-            load_watermark=self.tables.load_watermark, store_card=store_card,
+            load_state=self.tables.load_state, load_states=self.tables.load_states,
+            load_watermark=self.tables.load_watermark, store_state=store_state,
             store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
             max_clean_bytes=settings.state_cache_mb << 20, spec=self.spec,
             load_layout=self.tables.load_layout, store_layout=store_layout,
@@ -262,7 +262,7 @@ class ScoringService(Service):
 
     @property
     def runtime(self) -> ModelRuntime | None:
-        """The primary model (the one every card not on a canary gets)."""
+        """The primary model (the one every key not on a canary gets)."""
         primary = None if self.models is None else self.models.primary
         return None if primary is None else primary.runtime
 
@@ -429,7 +429,7 @@ class ScoringService(Service):
             handled, handled_ts = pipeline.handled.get(tp.partition, (None, None))
             inputs.append(InputPartition(tp.partition, end, committed_offset(consumer, tp), handled, handled_ts))
         state = []
-        for partition, db in sorted(rocksdb_partitions(self.tables.card_state.data).items()):
+        for partition, db in sorted(rocksdb_partitions(self.tables.state_table.data).items()):
             keys = db.property_int_value("rocksdb.estimate-num-keys") or 0
             size = sum(db.property_int_value(name) or 0
                        for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"))

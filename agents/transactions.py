@@ -104,7 +104,7 @@ class TransactionalOutputs:
         committed offsets and changelog records may not be visible yet (aiokafka reads committed
         offsets without ``require_stable``), and a new owner that read them early would process
         committed records again (repeated outputs) or end its restore before the last committed
-        state (a card restored incompletely). A producer's start does not wait for the id; an
+        state (a key restored incompletely). A producer's start does not wait for the id; an
         empty transaction does (it completes without a request to the broker).
         """
         async def granted(partition: int) -> None:
@@ -236,7 +236,7 @@ async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
 
     Faust counts a partition restored once it has received the record at its highwater (the offset
     before the end), and drops any changelog record at or below the offset marked restored. Marking
-    it too early therefore loses records: a card restored incompletely. A partition is marked once
+    it too early therefore loses records: a key restored incompletely. A partition is marked once
     everything the fetcher returned below its end has been received, which takes three steps:
 
     1. the consumer's position is past the highwater: every record up to it has been fetched;

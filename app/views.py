@@ -125,7 +125,7 @@ def register(app: faust.App, settings: Settings, scoring: ScoringService, tables
     class KeyFeaturesView(View):
         """A key's features as of its latest applied event and its partition's watermark (owner answers)."""
 
-        @app.table_route(table=tables.card_state, match_info="key")  # type: ignore[arg-type]
+        @app.table_route(table=tables.state_table, match_info="key")  # type: ignore[arg-type]
         async def get(self, request: Request, key: str) -> Response:
             pipeline = scoring.pipeline
             if pipeline is None:

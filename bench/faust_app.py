@@ -24,7 +24,7 @@ from typing import Any
 import faust
 
 from bench.job import LATENESS_MS, Prepared, encode_prediction, load_model, prepare, score_one
-from tables.features import CardState, Watermark
+from tables.features import KeyState, Watermark
 
 MODE = os.environ.get("BENCH_MODE", "naive")
 CAPACITY = int(os.environ.get("BENCH_ASYNC_CAPACITY", "100"))
@@ -54,12 +54,12 @@ _watermarks: dict[int, Watermark] = {}
 runtime = load_model(os.environ.get("BENCH_MODEL", "models/fraud-mlp.onnx"))
 
 
-def _load(card_id: str) -> CardState | None:
-    state: CardState | None = card_state.get(card_id.encode())
+def _load(card_id: str) -> KeyState | None:
+    state: KeyState | None = card_state.get(card_id.encode())
     return state
 
 
-def _store(card_id: str, state: CardState) -> None:
+def _store(card_id: str, state: KeyState) -> None:
     card_state[card_id.encode()] = state
 
 

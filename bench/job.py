@@ -18,7 +18,7 @@ import orjson
 
 from agents.codec import DEFAULT_CONTRACT, Event, Invalid, JsonInput, dead_letter, decode_feature_record, late_record
 from agents.runtime import ModelInfo, ModelRuntime
-from tables.features import DEFAULT_SPEC, CardState, Watermark, apply_event, new_state
+from tables.features import DEFAULT_SPEC, KeyState, Watermark, apply_event, new_state
 
 __all__ = ["LATENESS_MS", "SCORE_TOLERANCE", "THRESHOLD", "Expected", "Prepared", "compare", "encode_prediction",
            "load_model", "parse_prediction", "prepare", "reference", "score_one"]
@@ -40,8 +40,8 @@ class Prepared:
 
 
 def prepare(raw: bytes | None, key: bytes | None, *, topic: str, partition: int, offset: int,
-            watermark: Watermark, load: Callable[[str], CardState | None],
-            store: Callable[[str, CardState], None]) -> Prepared:
+            watermark: Watermark, load: Callable[[str], KeyState | None],
+            store: Callable[[str, KeyState], None]) -> Prepared:
     """Route one record and, if it is on time, apply it to its card's state (read and written per record)."""
     tx = _INPUT.decode(raw)
     if isinstance(tx, Invalid):
@@ -85,7 +85,7 @@ Expected = dict[str, tuple[tuple[float, ...], float]]
 def reference(records: Iterable[tuple[int, bytes]], runtime: ModelRuntime) -> Expected:
     """Features and scores every mode must produce for ``(partition, value)`` records in arrival order."""
     watermarks: dict[int, Watermark] = {}
-    states: dict[str, CardState] = {}
+    states: dict[str, KeyState] = {}
     features: dict[str, tuple[float, ...]] = {}
     for partition, raw in records:
         watermark = watermarks.setdefault(partition, Watermark(LATENESS_MS))

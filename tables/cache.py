@@ -1,14 +1,14 @@
-"""A write-back cache of card states and partition watermarks, flushed behind and before each offset commit.
+"""A write-back cache of key states and partition watermarks, flushed behind and before each offset commit.
 
-Writing a card's state to the table on every event costs a RocksDB put and a changelog record each
+Writing a key's state to the table on every event costs a RocksDB put and a changelog record each
 time. The cache keeps the states this worker is updating in memory, and a flush writes each changed
-card once, however many of its events arrived since the last flush (its header, plus any chunk the
-flush seals, rewrites or deletes: :mod:`tables.card_store`), and each changed watermark once. The
+key once, however many of its events arrived since the last flush (its header, plus any chunk the
+flush seals, rewrites or deletes: :mod:`tables.key_store`), and each changed watermark once. The
 caller decides when a flush runs (:mod:`agents.checkpoint`, :mod:`agents.score`):
 
 * batch ingestion, at least once: behind, every ``SEAM_STATE_WRITE_INTERVAL_S`` (0.25 s) while some
-  card has changed and no rebalance runs, and once more right before every offset commit for the
-  rest. A card that keeps changing is so written about once per write interval (four times a second
+  key has changed and no rebalance runs, and once more right before every offset commit for the
+  rest. A key that keeps changing is so written about once per write interval (four times a second
   by default), not once per commit interval. A flush's changelog records are acknowledged before
   the offsets of the records whose changes they hold are committed;
 * batch ingestion, exactly once: at each commit, staged in that commit's transactions;
@@ -28,19 +28,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
-from tables.card_store import Stored, events_held
-from tables.features import DEFAULT_SPEC, CardState, FeatureSpec, Watermark, memory_bytes, new_state
+from tables.features import DEFAULT_SPEC, FeatureSpec, KeyState, Watermark, memory_bytes, new_state
+from tables.key_store import Stored, events_held
 from tables.spec import layout_change
 
 __all__ = ["StateCache", "StateLayoutError"]
 
 Scope = Callable[[int], AbstractContextManager[object]]
-# Reads a card from its table (None if unknown); writes the changes since ``Stored`` (given the
+# Reads a key from its table (None if unknown); writes the changes since ``Stored`` (given the
 # event times of the events applied since), updating it; returns how many records it wrote.
-LoadCard = Callable[[str], tuple[CardState, Stored] | None]
-TRIM_STEP_CARDS = 2_048  # the most clean states one trim drops (it runs after every flush)
-LoadCards = Callable[[list[str]], list[tuple[CardState, Stored] | None]]  # several cards, batched reads
-StoreCard = Callable[[str, CardState, Stored, set[int]], int]
+LoadState = Callable[[str], tuple[KeyState, Stored] | None]
+TRIM_STEP_KEYS = 2_048  # the most clean states one trim drops (it runs after every flush)
+LoadStates = Callable[[list[str]], list[tuple[KeyState, Stored] | None]]  # several keys, batched reads
+StoreState = Callable[[str, KeyState, Stored, set[int]], int]
 
 
 class StateLayoutError(RuntimeError):
@@ -48,13 +48,13 @@ class StateLayoutError(RuntimeError):
 
 
 class StateCache:
-    """One worker's cached view of its partitions' card states and watermarks."""
+    """One worker's cached view of its partitions' key states and watermarks."""
 
     def __init__(
         self,
         *,
-        load_card: LoadCard,
-        store_card: StoreCard,
+        load_state: LoadState,
+        store_state: StoreState,
         load_watermark: Callable[[], int | None],
         store_watermark: Callable[[int], None],
         scope: Scope,
@@ -62,24 +62,24 @@ class StateCache:
         max_clean_bytes: int = 256 << 20,
         on_load: Callable[[float], object] | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        load_cards: LoadCards | None = None,
+        load_states: LoadStates | None = None,
         spec: FeatureSpec = DEFAULT_SPEC,
         load_layout: Callable[[], str | None] | None = None,
         store_layout: Callable[[str], None] | None = None,
     ) -> None:
-        """``on_load(seconds)`` is told how long each card read from the table took (a miss; a batched
-        read's time is shared among its cards)."""
-        self._load_card = load_card
-        self._load_cards = load_cards
-        self._store_card = store_card
+        """``on_load(seconds)`` is told how long each key read from the table took (a miss; a batched
+        read's time is shared among its keys)."""
+        self._load_state = load_state
+        self._load_states = load_states
+        self._store_state = store_state
         self._load_watermark = load_watermark
         self._store_watermark = store_watermark
         self._scope = scope
         self._lateness_ms = allowed_lateness_ms
         self._max_clean_bytes = max_clean_bytes
-        self._cards: dict[int, dict[str, CardState]] = {}
+        self._states: dict[int, dict[str, KeyState]] = {}
         self._stored: dict[int, dict[str, Stored]] = {}
-        self._dirty: dict[int, dict[str, set[int]]] = {}  # partition -> card -> times of the events applied
+        self._dirty: dict[int, dict[str, set[int]]] = {}  # partition -> key -> times of the events applied
         self._watermarks: dict[int, Watermark] = {}
         self._dirty_watermarks: set[int] = set()
         self._deferred: list[tuple[int, Callable[[], object]]] = []
@@ -89,8 +89,8 @@ class StateCache:
         self.writes = 0
         self.last_events_held = 0  # events in the cached states as of their last write (or load)
         self.last_bytes_held = 0  # their memory (tables.features.memory_bytes), counted alike
-        self.hits = 0  # card lookups the cache answered
-        self.misses = 0  # card lookups that read the table (the card was not cached, or new)
+        self.hits = 0  # key lookups the cache answered
+        self.misses = 0  # key lookups that read the table (the key was not cached, or new)
         self._prefetched: set[tuple[int, str]] = set()  # read by prefetch(), not yet asked for
         self._trims = 0
         self._on_load = on_load
@@ -101,14 +101,14 @@ class StateCache:
         self._load_layout, self._store_layout = load_layout, store_layout
         self._dirty_layouts: set[int] = set()
 
-    def card(self, partition: int, card_id: str) -> CardState:
-        """The card's state (from the cache, else the table, else new); mark it changed with touch()."""
-        cards = self._cards.setdefault(partition, {})
-        state = cards.pop(card_id, None)
+    def state(self, partition: int, key: str) -> KeyState:
+        """The key's state (from the cache, else the table, else new); mark it changed with touch()."""
+        held = self._states.setdefault(partition, {})
+        state = held.pop(key, None)
         if state is not None:
-            cards[card_id] = state  # to the end: the cache drops least recently used states first
-            if self._prefetched and (partition, card_id) in self._prefetched:
-                self._prefetched.discard((partition, card_id))
+            held[key] = state  # to the end: the cache drops least recently used states first
+            if self._prefetched and (partition, key) in self._prefetched:
+                self._prefetched.discard((partition, key))
                 self.misses += 1  # read by prefetch() for this lookup
             else:
                 self.hits += 1
@@ -116,64 +116,64 @@ class StateCache:
         self.misses += 1
         started = self._clock()
         with self._scope(partition):
-            loaded = self._load_card(card_id)
+            loaded = self._load_state(key)
         if self._on_load is not None:
             self._on_load(self._clock() - started)
-        return self._install(partition, card_id, loaded)
+        return self._install(partition, key, loaded)
 
-    def prefetch(self, partition: int, card_ids: Iterable[str]) -> None:
-        """Read the cards among ``card_ids`` that the cache does not hold, together (``load_cards``).
+    def prefetch(self, partition: int, keys: Iterable[str]) -> None:
+        """Read the keys among ``keys`` that the cache does not hold, together (``load_states``).
 
-        Each counts as a miss when :meth:`card` then asks for it; without ``load_cards`` this does
-        nothing (each miss is read by :meth:`card`).
+        Each counts as a miss when :meth:`state` then asks for it; without ``load_states`` this does
+        nothing (each miss is read by :meth:`state`).
         """
-        if self._load_cards is None:
+        if self._load_states is None:
             return
-        cards = self._cards.setdefault(partition, {})
-        missing = list(dict.fromkeys(card_id for card_id in card_ids if card_id not in cards))
+        held = self._states.setdefault(partition, {})
+        missing = list(dict.fromkeys(key for key in keys if key not in held))
         if not missing:
             return
         started = self._clock()
         with self._scope(partition):
-            loaded = self._load_cards(missing)
+            loaded = self._load_states(missing)
         if self._on_load is not None:
             share = (self._clock() - started) / len(missing)
             for _ in missing:
                 self._on_load(share)
-        for card_id, found in zip(missing, loaded, strict=True):
-            self._install(partition, card_id, found)
-            self._prefetched.add((partition, card_id))
+        for key, found in zip(missing, loaded, strict=True):
+            self._install(partition, key, found)
+            self._prefetched.add((partition, key))
 
-    def _install(self, partition: int, card_id: str, loaded: tuple[CardState, Stored] | None) -> CardState:
+    def _install(self, partition: int, key: str, loaded: tuple[KeyState, Stored] | None) -> KeyState:
         state, stored = loaded if loaded is not None else (new_state(self._spec), Stored())
         self.last_events_held += stored.held
         self.last_bytes_held += memory_bytes(stored.held)
         if state["ts"]:
             self._raise_watermark(partition, state["ts"][-1])
-        self._cards.setdefault(partition, {})[card_id] = state
-        self._stored.setdefault(partition, {})[card_id] = stored
+        self._states.setdefault(partition, {})[key] = state
+        self._stored.setdefault(partition, {})[key] = stored
         return state
 
-    def _raise_watermark(self, partition: int, card_max_ts: int) -> None:
-        # A flush writes card states and the watermark to two changelog topics, and a crash can land
-        # between them: the restored watermark may then lag a restored card. The partition has seen
-        # at least this card's events, so its watermark is at least theirs; without this, a
-        # redelivered event the card's state has already evicted would be applied again, out of place.
-        if self.watermark(partition).observe(card_max_ts):
+    def _raise_watermark(self, partition: int, key_max_ts: int) -> None:
+        # A flush writes key states and the watermark to two changelog topics, and a crash can land
+        # between them: the restored watermark may then lag a restored key. The partition has seen
+        # at least this key's events, so its watermark is at least theirs; without this, a
+        # redelivered event the key's state has already evicted would be applied again, out of place.
+        if self.watermark(partition).observe(key_max_ts):
             self.touch_watermark(partition)
 
-    def peek(self, partition: int, card_id: str) -> CardState | None:
-        """The card's current state (cache, else table) without caching it; ``None`` if unknown."""
-        state = self._cards.get(partition, {}).get(card_id)
+    def peek(self, partition: int, key: str) -> KeyState | None:
+        """The key's current state (cache, else table) without caching it; ``None`` if unknown."""
+        state = self._states.get(partition, {}).get(key)
         if state is None:
             with self._scope(partition):
-                loaded = self._load_card(card_id)
+                loaded = self._load_state(key)
             state = None if loaded is None else loaded[0]
         return state
 
-    def touch(self, partition: int, card_id: str, ts_ms: int | None = None) -> None:
-        """Mark a card's state changed (by an event at ``ts_ms``): the next flush writes the change."""
-        touched = self._dirty.setdefault(partition, {}).setdefault(card_id, set())
+    def touch(self, partition: int, key: str, ts_ms: int | None = None) -> None:
+        """Mark a key's state changed (by an event at ``ts_ms``): the next flush writes the change."""
+        touched = self._dirty.setdefault(partition, {}).setdefault(key, set())
         if ts_ms is not None:
             touched.add(ts_ms)
 
@@ -214,16 +214,16 @@ class StateCache:
         """
         return deque(self.flushing(trim=trim), maxlen=1).pop()
 
-    def flushing(self, *, trim: bool = True, cards_per_step: int = 64) -> Iterator[int]:
-        """:meth:`flush` in steps: yields the writes so far after every ``cards_per_step`` cards.
+    def flushing(self, *, trim: bool = True, keys_per_step: int = 64) -> Iterator[int]:
+        """:meth:`flush` in steps: yields the writes so far after every ``keys_per_step`` keys.
 
         The caller may let other work run between steps (the worker scores records meanwhile). The
-        partitions flushed are those changed when it starts. A partition's cards changed by then are
-        written in steps; the last step also writes every card of that partition changed during the
+        partitions flushed are those changed when it starts. A partition's keys changed by then are
+        written in steps; the last step also writes every key of that partition changed during the
         steps, and then its watermark, in one go. So what is written of a partition holds every event
-        applied to it before that moment and nothing after it: after a crash, no restored card is
-        ahead of the others or of the watermark (a card loaded after a restart raises the watermark
-        to its newest event, which must not pass events of other cards that were not written yet).
+        applied to it before that moment and nothing after it: after a crash, no restored key is
+        ahead of the others or of the watermark (a key loaded after a restart raises the watermark
+        to its newest event, which must not pass events of other keys that were not written yet).
         Acknowledgements of changes made after the flush started still wait for the next flush.
         """
         epoch = self.epoch
@@ -232,33 +232,33 @@ class StateCache:
         writes = 0
         for partition in partitions:
             pending = list(self._dirty.pop(partition, {}).items())
-            while len(pending) > cards_per_step:
-                writes += self._write(partition, pending[:cards_per_step])
-                pending = pending[cards_per_step:]
+            while len(pending) > keys_per_step:
+                writes += self._write(partition, pending[:keys_per_step])
+                pending = pending[keys_per_step:]
                 yield writes
             last = dict(pending)
-            for card_id, touched in self._dirty.pop(partition, {}).items():
-                last.setdefault(card_id, set()).update(touched)
+            for key, touched in self._dirty.pop(partition, {}).items():
+                last.setdefault(key, set()).update(touched)
             writes += self._write(partition, list(last.items()))
             writes += self._write_watermark(partition)
             yield writes
         self._flushed(epoch, writes, trim)
         yield writes
 
-    def _write(self, partition: int, cards: Sequence[tuple[str, set[int]]]) -> int:
-        cached, stored = self._cards.get(partition), self._stored.get(partition)
+    def _write(self, partition: int, keys: Sequence[tuple[str, set[int]]]) -> int:
+        cached, stored = self._states.get(partition), self._stored.get(partition)
         if cached is None or stored is None:
             return 0  # forgotten (revoked) meanwhile: redelivered records recompute it
         writes = 0
         with self._scope(partition):
-            for card_id, touched in cards:
-                state = cached.get(card_id)
+            for key, touched in keys:
+                state = cached.get(key)
                 if state is not None:
-                    card = stored[card_id]
-                    held = card.held
-                    writes += self._store_card(card_id, state, card, touched)
-                    self.last_events_held += card.held - held
-                    self.last_bytes_held += memory_bytes(card.held) - memory_bytes(held)
+                    written = stored[key]
+                    held = written.held
+                    writes += self._store_state(key, state, written, touched)
+                    self.last_events_held += written.held - held
+                    self.last_bytes_held += memory_bytes(written.held) - memory_bytes(held)
         return writes
 
     def _write_watermark(self, partition: int) -> int:
@@ -295,52 +295,52 @@ class StateCache:
 
         The bound is ``max_clean_bytes`` of memory in all cached states (``memory_bytes`` of the events
         each held at its last write or load); a dropped state is read back from the table when its
-        card comes again.
+        key comes again.
         """
         held = self.last_bytes_held  # counted as states are loaded, written and dropped: no walk over all
         if held <= self._max_clean_bytes:
             return
         # A dropped state's objects are freed at once, on the event loop: dropping an eighth of a full
         # cache at once (32 MB) held it for 0.4-0.8 s every few minutes. Each flush (four a second)
-        # drops only what the cache went over by since the last, at most TRIM_STEP_CARDS states.
+        # drops only what the cache went over by since the last, at most TRIM_STEP_KEYS states.
         goal = self._max_clean_bytes
-        budget = TRIM_STEP_CARDS
+        budget = TRIM_STEP_KEYS
         events = self.last_events_held
-        partitions = list(self._cards)
+        partitions = list(self._states)
         self._trims += 1
         turn = self._trims % len(partitions)
         for partition in partitions[turn:] + partitions[:turn]:
-            cached = self._cards[partition]
+            cached = self._states[partition]
             dirty, stored = self._dirty.get(partition, {}), self._stored.get(partition, {})
             victims: list[str] = []
-            for card_id in cached:
+            for key in cached:
                 if held <= goal or len(victims) >= budget:
                     break
-                if card_id not in dirty:  # clean: it holds what was last written (or loaded)
-                    victims.append(card_id)
-                    events -= stored[card_id].held
-                    held -= memory_bytes(stored[card_id].held)
-            for card_id in victims:
-                del cached[card_id]
-                stored.pop(card_id, None)
+                if key not in dirty:  # clean: it holds what was last written (or loaded)
+                    victims.append(key)
+                    events -= stored[key].held
+                    held -= memory_bytes(stored[key].held)
+            for key in victims:
+                del cached[key]
+                stored.pop(key, None)
             if self._prefetched:
-                self._prefetched.difference_update((partition, card_id) for card_id in victims)
+                self._prefetched.difference_update((partition, key) for key in victims)
             self.last_events_held, self.last_bytes_held = events, held
             budget -= len(victims)
             if held <= goal or budget <= 0:
                 return
 
     def events_held(self) -> int:
-        """Events held in all cached card states now (what the cache's memory grows with; walks them all)."""
-        return sum(events_held(state) for cached in self._cards.values() for state in cached.values())
+        """Events held in all cached key states now (what the cache's memory grows with; walks them all)."""
+        return sum(events_held(state) for cached in self._states.values() for state in cached.values())
 
-    def cached_cards(self) -> int:
-        """Card states held in memory."""
-        return sum(len(cached) for cached in self._cards.values())
+    def cached_keys(self) -> int:
+        """Key states held in memory."""
+        return sum(len(cached) for cached in self._states.values())
 
     def forget(self) -> None:
         """Drop everything (partitions were revoked); unflushed changes are recomputed on redelivery."""
-        self._cards.clear()
+        self._states.clear()
         self._stored.clear()
         self._dirty.clear()
         self._watermarks.clear()
@@ -350,8 +350,8 @@ class StateCache:
         self._prefetched.clear()
         self.last_events_held = self.last_bytes_held = 0
 
-    def dirty_cards(self) -> int:
-        """How many card states wait for the next flush."""
+    def dirty_keys(self) -> int:
+        """How many key states wait for the next flush."""
         return sum(len(ids) for ids in self._dirty.values())
 
 

@@ -1,7 +1,7 @@
 """Table writes in bulk: changelog records sent together and awaited together, then the local stores.
 
 A Faust table write queues its changelog record in Faust's producer buffer, which hands one record
-to the Kafka client per event-loop turn; on a busy worker a flush of a few thousand card states then
+to the Kafka client per event-loop turn; on a busy worker a flush of a few thousand key states then
 takes seconds. :class:`ChangelogWriter` encodes each write exactly as Faust stores it; on
 :meth:`~ChangelogWriter.flush` it sends all changelog records in batches per partition (on a
 producer of their own: predictions never queue behind a flush), so a flush costs about one produce
@@ -106,7 +106,7 @@ class ChangelogWriter:
         """Queue a write of ``key`` in ``partition`` of ``table``, for the changelog and then the store.
 
         It reaches the store once :meth:`flush` has had its changelog record acknowledged; until then
-        the caller keeps what it wrote (the state cache keeps written cards cached until it trims).
+        the caller keeps what it wrote (the state cache keeps written keys cached until it trims).
         """
         self._writes.append(encode(table, partition, key, value))
 
@@ -125,8 +125,8 @@ class ChangelogWriter:
         if not writes:
             return 0
         # One table after the other, in the order of their first write, each acknowledged (and stored)
-        # before the next is sent: the state cache writes cards before watermarks, so a crash mid-flush
-        # can leave a card newer than its watermark (which the cache repairs on load) but never the
+        # before the next is sent: the state cache writes keys before watermarks, so a crash mid-flush
+        # can leave a key newer than its watermark (which the cache repairs on load) but never the
         # reverse, which would route its redelivered events late. A partition's records of one flush
         # go in one batch, which the broker appends whole, unless they need more than one.
         tables: dict[Any, dict[int, list[Write]]] = {}

@@ -57,18 +57,18 @@ from specs import EXAMPLE_SPEC
 from tables.spec import FeatureSpec, feature_set_version, load_spec
 
 __all__ = [
-    "DEFAULT_SPEC", "HOT_EVENTS", "Applied", "CardState", "FeatureSpec", "Watermark", "apply_event", "event_ids",
+    "DEFAULT_SPEC", "HOT_EVENTS", "Applied", "KeyState", "FeatureSpec", "Watermark", "apply_event", "event_ids",
     "feature_set_version", "has_event",
     "latest_features", "memory_bytes", "new_state", "replayable", "upgrade_state",
 ]
 
 HOT_EVENTS = 96  # a key holding this many events gets a _WindowIndex (below, slices are as fast)
 # What a key's state costs in memory, measured with tracemalloc on decoded states of the example spec
-# (synthetic cards: ids of about 20 characters, interned merchants): the dict, its lists and the cache's
+# (synthetic keys: ids of about 20 characters, interned merchants): the dict, its lists and the cache's
 # entries; each event held (five list slots, its id, time, amount and arrival number); an indexed
-# event's share of the index (an id-set slot, a prefix sum). tests/unit/test_card_store.py holds them
+# event's share of the index (an id-set slot, a prefix sum). tests/unit/test_key_store.py holds them
 # to the measure.
-CARD_BYTES = 1_500
+KEY_BYTES = 1_500
 EVENT_BYTES = 190
 INDEXED_EVENT_BYTES = 100
 
@@ -76,7 +76,7 @@ INDEXED_EVENT_BYTES = 100
 DEFAULT_SPEC = load_spec(EXAMPLE_SPEC)
 
 
-class CardState(dict[str, Any]):
+class KeyState(dict[str, Any]):
     """A key's state: a plain dict of columns (what is stored), plus its in-memory window index."""
 
     __slots__ = ("index",)
@@ -94,13 +94,13 @@ class Applied:
     duplicate: bool
 
 
-def new_state(width: int | FeatureSpec = DEFAULT_SPEC) -> CardState:
+def new_state(width: int | FeatureSpec = DEFAULT_SPEC) -> KeyState:
     """Return the state of a key that has seen nothing: ``width`` value columns (or a spec's ``stored`` fields)."""
     columns = len(width.stored) if isinstance(width, FeatureSpec) else width
-    return CardState(n=0, prev=None, pv=None, ts=[], id=[], seq=[], values=[[] for _ in range(columns)])
+    return KeyState(n=0, prev=None, pv=None, ts=[], id=[], seq=[], values=[[] for _ in range(columns)])
 
 
-def upgrade_state(state: dict[str, Any]) -> CardState:
+def upgrade_state(state: dict[str, Any]) -> KeyState:
     """Bring a stored state written by an earlier seam to the current layout: rows under ``"ev"`` (the
     example spec's amount and merchant), or named columns (``amt``, ``mer``)."""
     if "ev" in state:
@@ -113,26 +113,26 @@ def upgrade_state(state: dict[str, Any]) -> CardState:
                 column.append(value)
         return upgraded
     if "amt" in state:
-        return CardState(n=state["n"], prev=state["prev"], pv=None, ts=state["ts"], id=state["id"],
+        return KeyState(n=state["n"], prev=state["prev"], pv=None, ts=state["ts"], id=state["id"],
                          seq=state["seq"], values=[state["amt"], state["mer"]])
-    return state if isinstance(state, CardState) else CardState(state)
+    return state if isinstance(state, KeyState) else KeyState(state)
 
 
-def event_ids(state: CardState) -> list[str]:
+def event_ids(state: KeyState) -> list[str]:
     """The ids of the events held in ``state``, in arrival order."""
     return [event_id for _, event_id in sorted(zip(state["seq"], state["id"], strict=True))]
 
 
-def has_event(state: CardState, event_id: str) -> bool:
+def has_event(state: KeyState, event_id: str) -> bool:
     """Say whether ``state`` holds the event ``event_id`` (applied and not yet evicted)."""
-    index = state.index if isinstance(state, CardState) else None
+    index = state.index if isinstance(state, KeyState) else None
     if index is not None and index.fits(state):
         return event_id in index.ids
     return event_id in state["id"]
 
 
 def apply_event(
-    state: CardState,
+    state: KeyState,
     event_id: str,
     ts_ms: int,
     values: tuple[Any, ...],
@@ -147,7 +147,7 @@ def apply_event(
     plan = _plan_of(spec)
     ids: list[str] = state["id"]
     times: list[int] = state["ts"]
-    index = _index_of(state, plan) if len(times) >= HOT_EVENTS and type(state) is CardState else None
+    index = _index_of(state, plan) if len(times) >= HOT_EVENTS and type(state) is KeyState else None
     if event_id in (ids if index is None else index.ids):
         return Applied(_replayed_features(state, ids.index(event_id), plan), True)
     state["n"] += 1
@@ -169,10 +169,10 @@ def apply_event(
 def memory_bytes(events_held: int) -> int:
     """About how much memory a key state holding ``events_held`` events takes (what the cache is sized in)."""
     per_event = EVENT_BYTES + (INDEXED_EVENT_BYTES if events_held >= HOT_EVENTS else 0)
-    return CARD_BYTES + events_held * per_event
+    return KEY_BYTES + events_held * per_event
 
 
-def latest_features(state: CardState, spec: FeatureSpec = DEFAULT_SPEC) -> tuple[str, tuple[float, ...]] | None:
+def latest_features(state: KeyState, spec: FeatureSpec = DEFAULT_SPEC) -> tuple[str, tuple[float, ...]] | None:
     """The id and features of the key's most recently applied event still in state, if any."""
     if not state["seq"]:
         return None
@@ -180,7 +180,7 @@ def latest_features(state: CardState, spec: FeatureSpec = DEFAULT_SPEC) -> tuple
     return state["id"][index], _replayed_features(state, index, _plan_of(spec))
 
 
-def replayable(state: CardState, ts_ms: int, *, allowed_lateness_ms: int, spec: FeatureSpec = DEFAULT_SPEC) -> bool:
+def replayable(state: KeyState, ts_ms: int, *, allowed_lateness_ms: int, spec: FeatureSpec = DEFAULT_SPEC) -> bool:
     """Say whether an already-applied event at ``ts_ms`` can be scored again with its first features."""
     times: list[int] = state["ts"]
     return not times or ts_ms >= times[-1] - allowed_lateness_ms - spec.max_window_ms
@@ -230,8 +230,8 @@ class _Plan:
     minima: frozenset[int]
     distinct: frozenset[tuple[int, int]]  # (column, window ms)
     sources: list[str] = field(default_factory=list)  # the text of the functions _compile made
-    sliced: Callable[[CardState, int], tuple[float, ...]] = field(init=False)
-    indexed: Callable[[CardState, int, _WindowIndex], tuple[float, ...]] = field(init=False)
+    sliced: Callable[[KeyState, int], tuple[float, ...]] = field(init=False)
+    indexed: Callable[[KeyState, int, _WindowIndex], tuple[float, ...]] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sliced", _compile(self, indexed=False))
@@ -284,7 +284,7 @@ def _build_plan(spec: FeatureSpec) -> _Plan:
         distinct=frozenset((a.column, ms) for ms, a in every if a.distincts))
 
 
-def _index_of(state: CardState, plan: _Plan) -> _WindowIndex | None:
+def _index_of(state: KeyState, plan: _Plan) -> _WindowIndex | None:
     """The window index of a key holding ``HOT_EVENTS`` events or more: kept, or built from its columns."""
     index = state.index
     if index is not None and index.plan is plan and index.fits(state):
@@ -293,7 +293,7 @@ def _index_of(state: CardState, plan: _Plan) -> _WindowIndex | None:
     return index
 
 
-def _evict(state: CardState, pos: int, cutoff: int, index: _WindowIndex | None) -> int:
+def _evict(state: KeyState, pos: int, cutoff: int, index: _WindowIndex | None) -> int:
     """Drop events at or below ``cutoff`` except the one at ``pos``; return its new index.
 
     Removing from the front of the columns moves what they hold, so a large state evicts once a
@@ -396,7 +396,7 @@ def _compile(plan: _Plan, indexed: bool) -> Callable[..., tuple[float, ...]]:
     return function
 
 
-def _replayed_features(state: CardState, index: int, plan: _Plan) -> tuple[float, ...]:
+def _replayed_features(state: KeyState, index: int, plan: _Plan) -> tuple[float, ...]:
     """Features of an already-applied event: only events that arrived no later than it count.
 
     Deliberately not shared with :func:`_compile`'s functions: those are made for the newest event only;
@@ -474,7 +474,7 @@ class _WindowIndex:
 
     __slots__ = ("distinct", "ids", "maxima", "minima", "plan", "stamp", "sums")
 
-    def __init__(self, state: CardState, plan: _Plan) -> None:
+    def __init__(self, state: KeyState, plan: _Plan) -> None:
         self.plan = plan
         self.ids = set(state["id"])
         columns = state["values"]
@@ -484,11 +484,11 @@ class _WindowIndex:
         self.distinct = {(col, ms): _Distinct(state, col, ms) for col, ms in plan.distinct}
         self.stamp = (state["n"], len(state["ts"]))
 
-    def fits(self, state: CardState) -> bool:
+    def fits(self, state: KeyState) -> bool:
         """Whether the index is of ``state`` as it is now (every change went through :func:`apply_event`)."""
         return self.stamp == (state["n"], len(state["ts"]))
 
-    def insert(self, state: CardState, pos: int) -> None:
+    def insert(self, state: KeyState, pos: int) -> None:
         """Take in the event just inserted at ``pos``."""
         self.ids.add(state["id"][pos])
         columns = state["values"]
@@ -501,7 +501,7 @@ class _WindowIndex:
         for distinct in self.distinct.values():
             distinct.insert(state, pos)
 
-    def evict(self, state: CardState, count: int) -> None:
+    def evict(self, state: KeyState, count: int) -> None:
         """Forget the ``count`` oldest events, about to be removed (all below every anchored window)."""
         self.ids.difference_update(state["id"][:count])
         for sums in self.sums.values():
@@ -618,7 +618,7 @@ class _Distinct:
 
     __slots__ = ("anchor", "column", "counts", "window_ms")
 
-    def __init__(self, state: CardState, column: int, window_ms: int) -> None:
+    def __init__(self, state: KeyState, column: int, window_ms: int) -> None:
         times: list[int] = state["ts"]
         self.column, self.window_ms = column, window_ms
         self.anchor = times[-1]
@@ -626,7 +626,7 @@ class _Distinct:
         for value in state["values"][column][bisect_right(times, self.anchor - window_ms):]:
             self.counts[value] = self.counts.get(value, 0) + 1
 
-    def insert(self, state: CardState, pos: int) -> None:
+    def insert(self, state: KeyState, pos: int) -> None:
         """Take in the event just inserted at ``pos``."""
         times: list[int] = state["ts"]
         values: list[Any] = state["values"][self.column]
@@ -643,7 +643,7 @@ class _Distinct:
         if ts_ms > self.anchor - self.window_ms:
             counts[values[pos]] = counts.get(values[pos], 0) + 1
 
-    def count(self, state: CardState, lo: int, pos: int) -> int:
+    def count(self, state: KeyState, lo: int, pos: int) -> int:
         """``len(set(values[lo:pos + 1]))``, for the window (starting at ``lo``) of the event at ``pos``."""
         times: list[int] = state["ts"]
         values: list[Any] = state["values"][self.column]

@@ -1,7 +1,7 @@
-"""Per-card feature state and per-partition watermarks, in RocksDB-backed Faust tables.
+"""Per-key feature state and per-partition watermarks, in RocksDB-backed Faust tables.
 
-Both tables follow the input topic's partitioning: a card's state and a partition's watermark live
-in the partition the card's transactions arrive on, and each has a changelog topic
+Both tables follow the input topic's partitioning: a key's state and a partition's watermark live
+in the partition the key's transactions arrive on, and each has a changelog topic
 (``<app id>-card-state-changelog``, ``<app id>-watermarks-changelog``) from which a worker restores
 them when it gains the partition. Reads and writes must run while a source partition is current (a
 Faust event, or ``agents.ingest.table_partition``).
@@ -15,8 +15,8 @@ import faust
 
 from app.faust_compat import raw_get, raw_get_many
 from app.settings import Settings
-from tables.card_store import Stored, changes, decode, decode_many
-from tables.features import CardState
+from tables.features import KeyState
+from tables.key_store import Stored, changes, decode, decode_many
 
 __all__ = ["LAYOUT_KEY", "WATERMARK_KEY", "StateTables"]
 
@@ -28,7 +28,7 @@ LAYOUT_KEY = b"layout"
 
 
 class StateTables:
-    """The ``card-state`` and ``watermarks`` tables of one app, and how a card's state is read and written."""
+    """The ``card-state`` and ``watermarks`` tables of one app, and how a key's state is read and written."""
 
     def __init__(self, app: faust.App, settings: Settings) -> None:
         # Faust's RocksDB defaults give every partition's database a 2 GiB block cache and three 64 MiB
@@ -40,15 +40,15 @@ class StateTables:
             "write_buffer_size": settings.state_db_memory_mb * MIB // 4,
             "max_write_buffer_number": 2,
         }
-        # Keys: a card id (UTF-8) for the card's header, and card id + NUL + chunk for each sealed
-        # chunk of its events; values: JSON (see tables.card_store), raw bytes in store and changelog.
-        self.card_state: Any = app.Table(
-            "card-state",
+        # Keys: a key id (UTF-8) for the key's header, and key id + NUL + chunk for each sealed
+        # chunk of its events; values: JSON (see tables.key_store), raw bytes in store and changelog.
+        self.state_table: Any = app.Table(
+            "card-state",  # named by earlier seams: its changelog holds every deployed worker's state
             partitions=settings.topic_partitions,
             key_type=bytes,
             value_type=bytes,
             options=state_db,
-            help="Per-card event-time state for the feature spec: a header with the newest events, and chunks.",
+            help="Per-key event-time state for the feature spec: a header with the newest events, and chunks.",
         )
         self.watermarks: Any = app.Table(
             "watermarks",
@@ -58,26 +58,26 @@ class StateTables:
             help="Highest event time seen per input partition.",
         )
 
-    def load_state(self, card_id: str) -> tuple[CardState, Stored] | None:
-        """Read one card's state and what the table holds of it (None if the card is unknown)."""
-        key = card_id.encode()
-        table = self.card_state
-        header = raw_get(table, key)
-        return None if header is None else decode(header, lambda k: raw_get(table, k), key)
+    def load_state(self, key: str) -> tuple[KeyState, Stored] | None:
+        """Read one key's state and what the table holds of it (None if the key is unknown)."""
+        raw = key.encode()
+        table = self.state_table
+        header = raw_get(table, raw)
+        return None if header is None else decode(header, lambda k: raw_get(table, k), raw)
 
-    def load_states(self, card_ids: list[str]) -> list[tuple[CardState, Stored] | None]:
-        """:meth:`load_state` for several cards of the current partition, in two batched reads."""
-        table = self.card_state
-        return decode_many([card_id.encode() for card_id in card_ids], lambda keys: raw_get_many(table, keys))
+    def load_states(self, keys: list[str]) -> list[tuple[KeyState, Stored] | None]:
+        """:meth:`load_state` for several keys of the current partition, in two batched reads."""
+        table = self.state_table
+        return decode_many([key.encode() for key in keys], lambda raw: raw_get_many(table, raw))
 
-    def store_state(self, card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
-        """Write what changed in one card's state since ``stored`` (Faust table writes); return the records."""
-        writes = changes(card_id.encode(), state, stored, touched)
-        for key, value in writes:
+    def store_state(self, key: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
+        """Write what changed in one key's state since ``stored`` (Faust table writes); return the records."""
+        writes = changes(key.encode(), state, stored, touched)
+        for raw, value in writes:
             if value is None:
-                self.card_state.pop(key, None)
+                self.state_table.pop(raw, None)
             else:
-                self.card_state[key] = value
+                self.state_table[raw] = value
         return len(writes)
 
     def load_watermark(self) -> int | None:

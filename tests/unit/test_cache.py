@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import pytest
 
 from tables.cache import StateCache, StateLayoutError
-from tables.card_store import Stored
-from tables.features import CardState, apply_event, memory_bytes, new_state
+from tables.features import KeyState, apply_event, memory_bytes, new_state
+from tables.key_store import Stored
 from tables.spec import FeatureSpec, parse_spec
 from tests.specs import fraud_like
 
@@ -22,7 +22,7 @@ class Tables:
     """Partitioned dict tables; every access is logged with the partition that was current during it."""
 
     def __init__(self) -> None:
-        self.cards: dict[tuple[int, str], CardState] = {}
+        self.cards: dict[tuple[int, str], KeyState] = {}
         self.watermarks: dict[int, int] = {}
         self.current: int | None = None
         self.log: list[tuple[str, int | None, object]] = []
@@ -36,17 +36,17 @@ class Tables:
         finally:
             self.current = None
 
-    def load_card(self, card_id: str) -> tuple[CardState, Stored] | None:
-        self.log.append(("load_card", self.current, card_id))
+    def load_state(self, card_id: str) -> tuple[KeyState, Stored] | None:
+        self.log.append(("load_state", self.current, card_id))
         state = self.cards.get((self._partition(), card_id))
         if state is None:
             return None
         return copy.deepcopy(state), Stored(n=state["n"], held=len(state["ts"]))  # like a RocksDB read: a fresh object
 
-    def store_card(self, card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
-        self.log.append(("store_card", self.current, card_id))
+    def store_state(self, card_id: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
+        self.log.append(("store_state", self.current, card_id))
         self.cards[(self._partition(), card_id)] = copy.deepcopy(state)
-        stored.n, stored.held = state["n"], len(state["ts"])  # as tables.card_store.changes() records it
+        stored.n, stored.held = state["n"], len(state["ts"])  # as tables.key_store.changes() records it
         return 1
 
     def load_watermark(self) -> int | None:
@@ -76,21 +76,21 @@ def make_cache(tables: Tables) -> Callable[..., StateCache]:
     """Factory: a StateCache over ``tables`` (keyword arguments override the defaults)."""
 
     def make(max_clean_bytes: int = 256 << 20) -> StateCache:
-        return StateCache(load_card=tables.load_card, store_card=tables.store_card,
+        return StateCache(load_state=tables.load_state, store_state=tables.store_state,
                           load_watermark=tables.load_watermark, store_watermark=tables.store_watermark,
                           scope=tables.scope, allowed_lateness_ms=LATENESS_MS, max_clean_bytes=max_clean_bytes)
 
     return make
 
 
-def stored_state(event_id: str = "e1", ts: int = T) -> CardState:
+def stored_state(event_id: str = "e1", ts: int = T) -> KeyState:
     """A non-empty card state."""
     state = new_state()
     apply_event(state, event_id, ts, (5.0, "m"), allowed_lateness_ms=LATENESS_MS)
     return state
 
 
-def apply(state: CardState, event_id: str, ts: int = T) -> None:
+def apply(state: KeyState, event_id: str, ts: int = T) -> None:
     apply_event(state, event_id, ts, (1.0, "m"), allowed_lateness_ms=LATENESS_MS)
 
 
@@ -102,28 +102,28 @@ def test_card_loads_once_in_its_partition_scope_and_caches(
 ) -> None:
     tables.cards[(2, "c")] = stored_state()
     cache = make_cache()
-    first = cache.card(2, "c")
+    first = cache.state(2, "c")
     assert first == stored_state()
-    assert cache.card(2, "c") is first
-    assert tables.ops("load_card") == [(2, "c")]
+    assert cache.state(2, "c") is first
+    assert tables.ops("load_state") == [(2, "c")]
 
 
 def test_lookups_count_hits_and_misses_and_time_each_table_read(tables: Tables) -> None:
     now = [100.0]
 
-    def load_card(card_id: str) -> tuple[CardState, Stored] | None:
+    def load_state(card_id: str) -> tuple[KeyState, Stored] | None:
         now[0] += 0.003 if card_id == "stored" else 0.001  # the table read takes this long
-        return tables.load_card(card_id)
+        return tables.load_state(card_id)
 
     tables.cards[(0, "stored")] = stored_state()
     loads: list[float] = []
-    cache = StateCache(load_card=load_card, store_card=tables.store_card, load_watermark=tables.load_watermark,
+    cache = StateCache(load_state=load_state, store_state=tables.store_state, load_watermark=tables.load_watermark,
                        store_watermark=tables.store_watermark, scope=tables.scope, allowed_lateness_ms=LATENESS_MS,
                        on_load=loads.append, clock=lambda: now[0])
-    cache.card(0, "stored")
-    cache.card(0, "stored")
-    cache.card(0, "new")
-    cache.card(0, "stored")
+    cache.state(0, "stored")
+    cache.state(0, "stored")
+    cache.state(0, "new")
+    cache.state(0, "stored")
     cache.peek(0, "other")  # a web view's look: not a pipeline lookup
     assert (cache.hits, cache.misses) == (2, 2)
     assert loads == pytest.approx([0.003, 0.001])
@@ -135,7 +135,7 @@ def test_prefetch_reads_the_missing_cards_together_and_counts_each_as_one_miss(t
     now = [100.0]
     batches: list[tuple[int | None, list[str]]] = []
 
-    def load_cards(card_ids: list[str]) -> list[tuple[CardState, Stored] | None]:
+    def load_states(card_ids: list[str]) -> list[tuple[KeyState, Stored] | None]:
         batches.append((tables.current, card_ids))
         now[0] += 0.004
         return [tables.cards.get((0, card_id)) and (copy.deepcopy(tables.cards[(0, card_id)]),
@@ -143,45 +143,45 @@ def test_prefetch_reads_the_missing_cards_together_and_counts_each_as_one_miss(t
 
     tables.cards[(0, "stored")] = stored_state(ts=T + 5_000)
     loads: list[float] = []
-    cache = StateCache(load_card=tables.load_card, load_cards=load_cards, store_card=tables.store_card,
+    cache = StateCache(load_state=tables.load_state, load_states=load_states, store_state=tables.store_state,
                        load_watermark=tables.load_watermark, store_watermark=tables.store_watermark,
                        scope=tables.scope, allowed_lateness_ms=LATENESS_MS, on_load=loads.append,
                        clock=lambda: now[0])
-    cache.card(0, "cached")
+    cache.state(0, "cached")
     cache.prefetch(0, ["stored", "cached", "new", "stored"])
     assert batches == [(0, ["stored", "new"])] and loads == pytest.approx([0.0, 0.002, 0.002])  # "cached", then both
     assert cache.watermark(0).max_ts == T + 5_000  # raised to the loaded card's newest event, as card() does
-    assert cache.card(0, "stored") == stored_state(ts=T + 5_000) and cache.card(0, "new") == new_state()
-    cache.card(0, "stored")
+    assert cache.state(0, "stored") == stored_state(ts=T + 5_000) and cache.state(0, "new") == new_state()
+    cache.state(0, "stored")
     cache.prefetch(0, ["stored", "new", "cached"])  # all cached: no read
-    assert len(batches) == 1 and tables.ops("load_card") == [(0, "cached")]
+    assert len(batches) == 1 and tables.ops("load_state") == [(0, "cached")]
     assert (cache.hits, cache.misses) == (1, 3)
     assert cache.last_bytes_held == memory_bytes(0) * 2 + memory_bytes(1)
 
 
 def test_unknown_card_is_a_new_state_loaded_once(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache()
-    state = cache.card(0, "nobody")
+    state = cache.state(0, "nobody")
     assert state == new_state()
     apply(state, "e1")
-    assert cache.card(0, "nobody") is state and state["id"] == ["e1"]
-    assert tables.ops("load_card") == [(0, "nobody")]
+    assert cache.state(0, "nobody") is state and state["id"] == ["e1"]
+    assert tables.ops("load_state") == [(0, "nobody")]
 
 
 def test_same_card_id_in_two_partitions_is_two_states(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     tables.cards[(1, "c")] = stored_state("in-1")
     cache = make_cache()
-    assert cache.card(1, "c")["id"] == ["in-1"]
-    assert cache.card(3, "c") == new_state()
-    assert tables.ops("load_card") == [(1, "c"), (3, "c")]
+    assert cache.state(1, "c")["id"] == ["in-1"]
+    assert cache.state(3, "c") == new_state()
+    assert tables.ops("load_state") == [(1, "c"), (3, "c")]
 
 
 def test_peek_returns_the_cached_state_without_loading(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache()
-    state = cache.card(0, "c")
+    state = cache.state(0, "c")
     apply(state, "unflushed")
     assert cache.peek(0, "c") is state
-    assert tables.ops("load_card") == [(0, "c")]
+    assert tables.ops("load_state") == [(0, "c")]
 
 
 def test_peek_loads_in_scope_but_does_not_cache(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
@@ -190,9 +190,9 @@ def test_peek_loads_in_scope_but_does_not_cache(tables: Tables, make_cache: Call
     assert cache.peek(1, "c") == stored_state()
     assert cache.peek(1, "c") == stored_state()
     assert cache.peek(1, "unknown") is None
-    assert tables.ops("load_card") == [(1, "c"), (1, "c"), (1, "unknown")]
-    cache.card(1, "c")  # peek cached nothing: card() loads again
-    assert tables.ops("load_card")[-1] == (1, "c") and len(tables.ops("load_card")) == 4
+    assert tables.ops("load_state") == [(1, "c"), (1, "c"), (1, "unknown")]
+    cache.state(1, "c")  # peek cached nothing: card() loads again
+    assert tables.ops("load_state")[-1] == (1, "c") and len(tables.ops("load_state")) == 4
 
 
 # --- touch(), flush() ----------------------------------------------------------------------------------------
@@ -202,28 +202,28 @@ def test_flush_writes_each_touched_card_once_in_its_scope(
     tables: Tables, make_cache: Callable[..., StateCache]
 ) -> None:
     cache = make_cache()
-    a, b = cache.card(0, "a"), cache.card(1, "b")
-    cache.card(1, "untouched")
+    a, b = cache.state(0, "a"), cache.state(1, "b")
+    cache.state(1, "untouched")
     for i in range(3):
         apply(a, f"a{i}", T + i)
         cache.touch(0, "a")
     apply(b, "b0")
     cache.touch(1, "b")
-    assert cache.dirty_cards() == 2
-    assert tables.ops("store_card") == []  # nothing is written before a flush
+    assert cache.dirty_keys() == 2
+    assert tables.ops("store_state") == []  # nothing is written before a flush
     assert cache.flush() == 2
-    assert sorted(tables.ops("store_card"), key=str) == [(0, "a"), (1, "b")]
+    assert sorted(tables.ops("store_state"), key=str) == [(0, "a"), (1, "b")]
     assert tables.cards[(0, "a")]["id"] == ["a0", "a1", "a2"]
     assert tables.cards[(1, "b")]["id"] == ["b0"]
     assert (1, "untouched") not in tables.cards
-    assert cache.dirty_cards() == 0
+    assert cache.dirty_keys() == 0
 
 
 def test_a_second_flush_writes_only_what_was_touched_since(
     tables: Tables, make_cache: Callable[..., StateCache]
 ) -> None:
     cache = make_cache()
-    a, b = cache.card(0, "a"), cache.card(0, "b")
+    a, b = cache.state(0, "a"), cache.state(0, "b")
     apply(a, "a0")
     apply(b, "b0")
     cache.touch(0, "a")
@@ -233,13 +233,13 @@ def test_a_second_flush_writes_only_what_was_touched_since(
     apply(b, "b1", T + 1)
     cache.touch(0, "b")
     assert cache.flush() == 1
-    assert tables.ops("store_card") in ([(0, "a"), (0, "b"), (0, "b")], [(0, "b"), (0, "a"), (0, "b")])
+    assert tables.ops("store_state") in ([(0, "a"), (0, "b"), (0, "b")], [(0, "b"), (0, "a"), (0, "b")])
     assert tables.cards[(0, "b")]["id"] == ["b0", "b1"]
 
 
 def test_table_holds_a_snapshot_of_the_flushed_state(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache()
-    state = cache.card(0, "c")
+    state = cache.state(0, "c")
     apply(state, "flushed")
     cache.touch(0, "c")
     cache.flush()
@@ -291,13 +291,13 @@ def test_flushed_state_and_watermark_restore_into_a_new_cache(
     tables: Tables, make_cache: Callable[..., StateCache]
 ) -> None:
     cache = make_cache()
-    apply(cache.card(2, "c"), "e1", T + 7)
+    apply(cache.state(2, "c"), "e1", T + 7)
     cache.touch(2, "c")
     cache.watermark(2).observe(T + 7)
     cache.touch_watermark(2)
     assert cache.flush() == 2
     restored = make_cache()
-    assert restored.card(2, "c")["id"] == ["e1"]
+    assert restored.state(2, "c")["id"] == ["e1"]
     assert restored.watermark(2).max_ts == T + 7
 
 
@@ -341,14 +341,14 @@ def test_deferred_acks_run_after_the_writes_they_wait_for(
     tables: Tables, make_cache: Callable[..., StateCache]
 ) -> None:
     cache = make_cache()
-    apply(cache.card(0, "c"), "e1")
+    apply(cache.state(0, "c"), "e1")
     cache.touch(0, "c")
     cache.watermark(0).observe(T)
     cache.touch_watermark(0)
     cache.ack_when_flushed(cache.epoch, lambda: tables.log.append(("ack", None, None)))
     cache.flush()
-    assert [op for op, _, _ in tables.log if op != "load_card" and op != "load_watermark"] == [
-        "store_card", "store_watermark", "ack"]
+    assert [op for op, _, _ in tables.log if op != "load_state" and op != "load_watermark"] == [
+        "store_state", "store_watermark", "ack"]
 
 
 def test_ack_stamped_after_a_flush_waits_for_the_following_one(make_cache: Callable[..., StateCache]) -> None:
@@ -370,20 +370,20 @@ def test_forget_drops_states_watermarks_dirty_marks_and_deferred_acks(
     tables.cards[(0, "c")] = stored_state("stored")
     tables.watermarks[0] = T
     cache = make_cache()
-    apply(cache.card(0, "c"), "unflushed", T + 1)
+    apply(cache.state(0, "c"), "unflushed", T + 1)
     cache.touch(0, "c")
     cache.watermark(0).observe(T + 1)
     cache.touch_watermark(0)
     runs: list[str] = []
     cache.ack_when_flushed(cache.epoch, lambda: runs.append("ack"))
     cache.forget()
-    assert cache.dirty_cards() == 0
-    assert cache.card(0, "c")["id"] == ["stored"]  # reloaded: the unflushed change is gone
+    assert cache.dirty_keys() == 0
+    assert cache.state(0, "c")["id"] == ["stored"]  # reloaded: the unflushed change is gone
     assert cache.watermark(0).max_ts == T  # reloaded from the table
-    assert len(tables.ops("load_card")) == 2 and len(tables.ops("load_watermark")) == 2
+    assert len(tables.ops("load_state")) == 2 and len(tables.ops("load_watermark")) == 2
     assert cache.flush() == 0
     assert runs == []  # a forgotten ack never runs
-    assert tables.ops("store_card") == [] and tables.ops("store_watermark") == []
+    assert tables.ops("store_state") == [] and tables.ops("store_watermark") == []
 
 
 # --- max_clean_bytes -----------------------------------------------------------------------------------------
@@ -393,28 +393,28 @@ def test_clean_cache_is_cleared_after_a_flush_beyond_the_bound(
     tables: Tables, make_cache: Callable[..., StateCache]
 ) -> None:
     cache = make_cache(max_clean_bytes=2 * memory_bytes(0))  # two empty cards
-    states = [cache.card(0, name) for name in ("a", "b", "c")]
+    states = [cache.state(0, name) for name in ("a", "b", "c")]
     apply(states[0], "a1")
     cache.touch(0, "a")
     assert cache.flush() == 1
-    assert len(tables.ops("load_card")) == 3
-    reloaded = cache.card(0, "a")
+    assert len(tables.ops("load_state")) == 3
+    reloaded = cache.state(0, "a")
     assert reloaded is not states[0] and reloaded["id"] == ["a1"]  # from the table, with the flushed change
-    assert len(tables.ops("load_card")) == 4
+    assert len(tables.ops("load_state")) == 4
 
 
 def test_clean_cache_within_the_bound_is_kept(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache(max_clean_bytes=2 * memory_bytes(0))  # two empty cards
-    a = cache.card(0, "a")
-    cache.card(1, "b")
+    a = cache.state(0, "a")
+    cache.state(1, "b")
     cache.flush()
-    assert cache.card(0, "a") is a
-    assert len(tables.ops("load_card")) == 2
+    assert cache.state(0, "a") is a
+    assert len(tables.ops("load_state")) == 2
 
 
 def test_watermarks_survive_the_clean_cache_bound(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache(max_clean_bytes=0)
-    cache.card(0, "a")
+    cache.state(0, "a")
     watermark = cache.watermark(0)
     watermark.observe(T)
     cache.flush()  # watermark not touched, so not stored: it must stay in memory
@@ -429,15 +429,15 @@ def test_the_bound_drops_least_recently_used_clean_states_and_bytes_are_counted_
     # One byte short of the six states below (four of one event, two of four): a flush drops to 7/8 of it.
     cache = make_cache(max_clean_bytes=4 * memory_bytes(1) + 2 * memory_bytes(4) - 1)
     for i in range(4):
-        cache.card(0, f"old{i}")  # loaded first
-    cache.card(0, "old0")  # used again: now more recent than old1..old3
+        cache.state(0, f"old{i}")  # loaded first
+    cache.state(0, "old0")  # used again: now more recent than old1..old3
     for name in ("a", "b"):
-        state = cache.card(0, name)
+        state = cache.state(0, name)
         for j in range(4):
             apply(state, f"{name}{j}", T + j)
             cache.touch(0, name, T + j)
     cache.flush()  # least recently used first: old1 goes, and that is enough
-    assert list(cache._cards[0]) == ["old2", "old3", "old0", "a", "b"]
+    assert list(cache._states[0]) == ["old2", "old3", "old0", "a", "b"]
     assert cache.last_events_held == cache.events_held() == 11
     assert cache.last_bytes_held == 3 * memory_bytes(1) + 2 * memory_bytes(4)
 
@@ -448,12 +448,12 @@ def test_the_bound_drops_least_recently_used_clean_states_and_bytes_are_counted_
 def test_counters_accumulate_flushes_and_writes(make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache()
     for name in ("a", "b"):
-        apply(cache.card(0, name), f"{name}1")
+        apply(cache.state(0, name), f"{name}1")
         cache.touch(0, name)
     cache.watermark(0).observe(T)
     cache.touch_watermark(0)
     assert cache.flush() == 3
-    apply(cache.card(1, "c"), "c1")
+    apply(cache.state(1, "c"), "c1")
     cache.touch(1, "c")
     cache.touch(1, "c")
     assert cache.flush() == 1
@@ -475,7 +475,7 @@ def test_a_restored_card_raises_a_lagging_watermark_and_marks_it_for_the_next_fl
     tables.watermarks[1] = T  # the watermark written before e2 was applied
     cache = make_cache()
     assert cache.watermark(1).max_ts == T
-    cache.card(1, "c")
+    cache.state(1, "c")
     # e1, redelivered, is now late (it was applied once and evicted) instead of being applied again.
     assert cache.watermark(1).max_ts == T + 3 * 3_600_000
     assert cache.watermark(1).is_late(T)
@@ -489,7 +489,7 @@ def test_a_restored_card_behind_the_watermark_leaves_it_alone(
     tables.cards[(0, "c")] = stored_state("e1", T)
     tables.watermarks[0] = T + 5_000
     cache = make_cache()
-    cache.card(0, "c")
+    cache.state(0, "c")
     assert cache.watermark(0).max_ts == T + 5_000
     assert cache.flush() == 0
 
@@ -504,13 +504,13 @@ def test_a_partition_is_written_up_to_one_moment_with_its_watermark(
     """
     cache = make_cache()
     for i in range(70):
-        apply(cache.card(0, f"c{i}"), f"e{i}", T + i)
+        apply(cache.state(0, f"c{i}"), f"e{i}", T + i)
         cache.touch(0, f"c{i}", T + i)
     cache.watermark(0).observe(T + 69)
     cache.touch_watermark(0)
-    steps = cache.flushing(cards_per_step=64)
+    steps = cache.flushing(keys_per_step=64)
     next(steps)  # 64 cards written; the worker handles more records meanwhile
-    apply(cache.card(0, "meanwhile"), "m", T + 100)
+    apply(cache.state(0, "meanwhile"), "m", T + 100)
     cache.touch(0, "meanwhile", T + 100)
     cache.watermark(0).observe(T + 100)
     cache.touch_watermark(0)
@@ -518,7 +518,7 @@ def test_a_partition_is_written_up_to_one_moment_with_its_watermark(
     for _ in steps:
         pass
     assert (0, "meanwhile") in tables.cards and tables.watermarks[0] == T + 100
-    assert cache.dirty_cards() == 0
+    assert cache.dirty_keys() == 0
 
 
 # --- the layout a partition's states hold ----------------------------------------------------------------------
@@ -531,8 +531,8 @@ def layout_cache(tables: Tables, layouts: dict[int, str], spec: FeatureSpec) -> 
     def store_layout(layout: str) -> None:
         layouts[tables._partition()] = layout
 
-    return StateCache(load_card=tables.load_card, store_card=tables.store_card, load_watermark=tables.load_watermark,
-                      store_watermark=tables.store_watermark, scope=tables.scope,
+    return StateCache(load_state=tables.load_state, store_state=tables.store_state,
+                      load_watermark=tables.load_watermark, store_watermark=tables.store_watermark, scope=tables.scope,
                       allowed_lateness_ms=spec.allowed_lateness_ms, spec=spec, load_layout=load_layout,
                       store_layout=store_layout)
 

@@ -15,9 +15,9 @@ from agents.checkpoint import Checkpoint
 from agents.ingest import SkipCommit
 from agents.metrics import BoundaryMetrics
 from tables.cache import StateCache
-from tables.card_store import Stored
 from tables.changelog import ChangelogWriter
-from tables.features import CardState, apply_event
+from tables.features import KeyState, apply_event
+from tables.key_store import Stored
 from tests.unit.test_changelog import Table, scope_for
 
 T = 1_764_500_000_000
@@ -57,18 +57,18 @@ def make_cache(table: Table, log: list[str]) -> tuple[StateCache, list[Any]]:
     """A state cache whose card writes go through ``write`` (set by the test): one record per card."""
     writer: list[Any] = []
 
-    def store_card(card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
+    def store_state(card_id: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
         writer[0](table, 0, card_id.encode(), {"n": state["n"]})
         log.append(f"stage {card_id}")
         return 1
 
-    cache = StateCache(load_card=lambda _c: None, store_card=store_card, load_watermark=lambda: None,
+    cache = StateCache(load_state=lambda _c: None, store_state=store_state, load_watermark=lambda: None,
                        store_watermark=lambda _ts: None, scope=scope_for(table), allowed_lateness_ms=60_000)
     return cache, writer
 
 
 def change(cache: StateCache, card_id: str) -> None:
-    state = cache.card(0, card_id)
+    state = cache.state(0, card_id)
     apply_event(state, f"{card_id}-e{state['n']}", T + state["n"], (1.0, "m"), allowed_lateness_ms=60_000)
     cache.touch(0, card_id, T)
 
@@ -220,4 +220,4 @@ async def test_state_reaches_the_local_store_only_after_the_changelog_has_it(mon
     await at.checkpoint.before_offsets()
     await watching
     assert len(rows_seen) > 3 and set(rows_seen) == {0}  # nothing stored during the steps or before the ack
-    assert len(at.table.data.rows) == 150 and at.cache.cached_cards() == 150
+    assert len(at.table.data.rows) == 150 and at.cache.cached_keys() == 150

@@ -18,8 +18,8 @@ from tables import features
 from tables.features import (
     DEFAULT_SPEC,
     Applied,
-    CardState,
     FeatureSpec,
+    KeyState,
     Watermark,
     apply_event,
     has_event,
@@ -32,7 +32,7 @@ from tests.specs import fraud_like
 pytestmark = pytest.mark.usefixtures("window_paths")  # every test: sliced and indexed windows
 
 
-def rows(state: CardState) -> list[list[object]]:
+def rows(state: KeyState) -> list[list[object]]:
     """The state's events as [seq, ts, amount, merchant, id] rows in arrival order."""
     return sorted([list(r) for r in zip(state["seq"], state["ts"], state["values"][0], state["values"][1], state["id"],
                                         strict=True)])
@@ -56,12 +56,12 @@ class Ev:
 
 
 @pytest.fixture
-def card() -> Callable[..., tuple[CardState, Apply]]:
+def card() -> Callable[..., tuple[KeyState, Apply]]:
     """Factory: a fresh card state and an ``apply(id, ts, amount, merchant)`` bound to it."""
 
     def make(
         lateness_ms: int = LATENESS_MS, spec: FeatureSpec = DEFAULT_SPEC
-    ) -> tuple[CardState, Apply]:
+    ) -> tuple[KeyState, Apply]:
         state = new_state()
 
         def apply(event_id: str, ts: int, amount: float = 1.0, merchant: str = "m") -> Applied:
@@ -141,7 +141,7 @@ def test_spec_is_frozen() -> None:
         DEFAULT_SPEC.names = ()  # type: ignore[misc]
 
 
-def test_custom_spec_feature_vector_length(card: Callable[..., tuple[CardState, Apply]]) -> None:
+def test_custom_spec_feature_vector_length(card: Callable[..., tuple[KeyState, Apply]]) -> None:
     """apply_event returns one value per spec name, computed over the spec's windows."""
     spec = fraud_like((10,), 10, 10)
     _, apply = card(spec=spec)
@@ -157,7 +157,7 @@ def test_custom_spec_feature_vector_length(card: Callable[..., tuple[CardState, 
 # --- hand-computed cases --------------------------------------------------------------------------
 
 
-def test_first_event_of_a_card(card: Callable[..., tuple[CardState, Apply]]) -> None:
+def test_first_event_of_a_card(card: Callable[..., tuple[KeyState, Apply]]) -> None:
     """A card's first event: counts 1, its own amount everywhere, no previous event."""
     state, apply = card()
     a = apply("a", T, 10.0, "m1")
@@ -185,7 +185,7 @@ def test_first_event_of_a_card(card: Callable[..., tuple[CardState, Apply]]) -> 
 
 
 def test_hand_computed_sequence_with_out_of_order_event(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """Four events, one arriving out of order, checked against values computed by hand."""
     _, apply = card()
@@ -217,7 +217,7 @@ def test_hand_computed_sequence_with_out_of_order_event(
 
 
 def test_window_lower_bound_excluded_upper_bound_included(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """An event exactly W ago is out; 1 ms later it is in; one at the same ts is in."""
     _, apply = card()
@@ -235,7 +235,7 @@ def test_window_lower_bound_excluded_upper_bound_included(
 
 
 @pytest.mark.parametrize("w", [60, 600, 3600])
-def test_each_window_boundary(card: Callable[..., tuple[CardState, Apply]], w: int) -> None:
+def test_each_window_boundary(card: Callable[..., tuple[KeyState, Apply]], w: int) -> None:
     """For every window, the event exactly W seconds back is excluded and W-1ms back included."""
     _, apply = card()
     apply("edge", T, 1000.0, "m1")
@@ -246,7 +246,7 @@ def test_each_window_boundary(card: Callable[..., tuple[CardState, Apply]], w: i
 
 
 def test_later_ts_event_that_arrived_earlier_is_excluded(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """An event with a later ts that arrived first is not in an earlier event's windows."""
     _, apply = card()
@@ -272,7 +272,7 @@ def test_later_ts_event_that_arrived_earlier_is_excluded(
 
 
 def test_events_arriving_later_are_never_seen_by_earlier_ones(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """Re-scoring an earlier event (redelivery) ignores everything that arrived after it."""
     _, apply = card()
@@ -287,7 +287,7 @@ def test_events_arriving_later_are_never_seen_by_earlier_ones(
 
 
 def test_secs_since_prev_first_is_minus_one_then_gap(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """-1 for the first event, then the gap in seconds to the latest earlier ts."""
     _, apply = card()
@@ -298,7 +298,7 @@ def test_secs_since_prev_first_is_minus_one_then_gap(
 
 
 def test_secs_since_prev_spans_beyond_all_windows(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """The previous event counts even if it is outside every window (but not yet evicted)."""
     _, apply = card(lateness_ms=10 * 60 * S)
@@ -308,7 +308,7 @@ def test_secs_since_prev_spans_beyond_all_windows(
     assert feat(b, "secs_since_prev") == 3605.0
 
 
-def test_secs_since_prev_survives_eviction(card: Callable[..., tuple[CardState, Apply]]) -> None:
+def test_secs_since_prev_survives_eviction(card: Callable[..., tuple[KeyState, Apply]]) -> None:
     """After the previous event is evicted, state["prev"] still provides the gap."""
     state, apply = card(lateness_ms=LATENESS_MS)
     apply("a", T, 1.0)
@@ -322,7 +322,7 @@ def test_secs_since_prev_survives_eviction(card: Callable[..., tuple[CardState, 
     assert feat(c, "secs_since_prev") == 0.5
 
 
-def test_eviction_boundary_is_inclusive(card: Callable[..., tuple[CardState, Apply]]) -> None:
+def test_eviction_boundary_is_inclusive(card: Callable[..., tuple[KeyState, Apply]]) -> None:
     """An event exactly at max_ts - lateness - max_window is evicted; 1 ms newer is kept."""
     state, apply = card(lateness_ms=LATENESS_MS)
     horizon = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms
@@ -333,7 +333,7 @@ def test_eviction_boundary_is_inclusive(card: Callable[..., tuple[CardState, App
     assert state["prev"] == T
 
 
-def test_prev_keeps_the_max_evicted_ts(card: Callable[..., tuple[CardState, Apply]]) -> None:
+def test_prev_keeps_the_max_evicted_ts(card: Callable[..., tuple[KeyState, Apply]]) -> None:
     """state["prev"] is the maximum evicted ts, not that of the last-arrived evicted event."""
     state, apply = card(lateness_ms=LATENESS_MS)
     horizon = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms
@@ -348,7 +348,7 @@ def test_prev_keeps_the_max_evicted_ts(card: Callable[..., tuple[CardState, Appl
 
 
 def test_distinct_merchants_count_only_the_3600_window(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """distinct_merchants_3600 counts distinct merchants of visible events in (ts-3600s, ts]."""
     _, apply = card(lateness_ms=3 * 3600 * S)
@@ -362,7 +362,7 @@ def test_distinct_merchants_count_only_the_3600_window(
     assert feat(e, "count_3600") == 4.0
 
 
-def test_amount_to_mean_ratio(card: Callable[..., tuple[CardState, Apply]]) -> None:
+def test_amount_to_mean_ratio(card: Callable[..., tuple[KeyState, Apply]]) -> None:
     """amount_to_mean_3600 is the amount over the 3600 s mean (including itself)."""
     _, apply = card()
     apply("a", T, 10.0)
@@ -373,7 +373,7 @@ def test_amount_to_mean_ratio(card: Callable[..., tuple[CardState, Apply]]) -> N
 
 
 def test_amount_to_mean_is_zero_when_mean_is_zero(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """A zero mean (e.g. a refund cancelling a charge) gives ratio 0, not a division error."""
     _, apply = card()
@@ -385,7 +385,7 @@ def test_amount_to_mean_is_zero_when_mean_is_zero(
     assert feat(refund, "amount_to_mean_3600") == 0.0
 
 
-def test_amount_max_with_negative_amounts(card: Callable[..., tuple[CardState, Apply]]) -> None:
+def test_amount_max_with_negative_amounts(card: Callable[..., tuple[KeyState, Apply]]) -> None:
     """amount_max is the true maximum, also when every amount is negative."""
     _, apply = card()
     apply("a", T, -5.0)
@@ -394,7 +394,7 @@ def test_amount_max_with_negative_amounts(card: Callable[..., tuple[CardState, A
     assert feat(b, "amount_sum_60") == -7.0
 
 
-def test_features_are_floats(card: Callable[..., tuple[CardState, Apply]]) -> None:
+def test_features_are_floats(card: Callable[..., tuple[KeyState, Apply]]) -> None:
     """Every feature value is a Python float (model input and JSON friendly)."""
     _, apply = card()
     apply("a", T, 3)
@@ -406,7 +406,7 @@ def test_features_are_floats(card: Callable[..., tuple[CardState, Apply]]) -> No
 
 
 def test_duplicate_returns_first_features_after_more_events(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """A redelivered id is flagged and scored exactly as the first time, whatever came after."""
     state, apply = card()
@@ -426,7 +426,7 @@ def test_duplicate_returns_first_features_after_more_events(
 
 
 def test_duplicate_uses_stored_values_not_the_redelivered_ones(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """A duplicate id with different ts/amount is still scored with the stored event's values."""
     _, apply = card()
@@ -437,7 +437,7 @@ def test_duplicate_uses_stored_values_not_the_redelivered_ones(
     assert again.features == first.features
 
 
-def test_duplicate_of_first_event(card: Callable[..., tuple[CardState, Apply]]) -> None:
+def test_duplicate_of_first_event(card: Callable[..., tuple[KeyState, Apply]]) -> None:
     """The very first event, replayed later, still has no previous event."""
     _, apply = card()
     first = apply("a", T + 50 * S, 1.0)
@@ -515,7 +515,7 @@ def test_eviction_keeps_state_bounded() -> None:
 
 
 def test_eviction_keeps_sequence_numbers_increasing(
-    card: Callable[..., tuple[CardState, Apply]],
+    card: Callable[..., tuple[KeyState, Apply]],
 ) -> None:
     """Eviction removes rows but never renumbers: seq keeps growing with each new event."""
     state, apply = card(lateness_ms=0)
@@ -697,7 +697,7 @@ def test_state_written_by_an_earlier_layout_is_upgraded_and_keeps_its_results() 
 
 
 def _outcomes(events: Sequence[tuple[str, int, float, str]], hot_events: int,
-              monkeypatch: pytest.MonkeyPatch) -> tuple[list[Applied | None], CardState]:
+              monkeypatch: pytest.MonkeyPatch) -> tuple[list[Applied | None], KeyState]:
     """Route and apply ``events`` (one card, one partition) as the pipeline does; None for a late one."""
     monkeypatch.setattr(features, "HOT_EVENTS", hot_events)
     state, watermark = new_state(), Watermark(LATENESS_MS)
@@ -759,7 +759,7 @@ def test_the_example_spec_reproduces_the_features_seam_computed_before_specs(
     alone gave (commit 1c210a3), with every card sliced, every card indexed, and the default threshold."""
     monkeypatch.setattr(features, "HOT_EVENTS", hot_events)
     rng = random.Random(20261202)
-    states: dict[str, CardState] = {}
+    states: dict[str, KeyState] = {}
     digest = hashlib.sha256()
     sent: list[tuple[str, str, int, float, str]] = []
     t = T

@@ -24,8 +24,8 @@ from agents.ingest import RecordBatch
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from app.synthetic import TransactionGenerator
 from tables.cache import StateCache
-from tables.card_store import Stored, changes, decode, decode_many
-from tables.features import DEFAULT_SPEC, CardState, apply_event, has_event, memory_bytes, new_state, replayable
+from tables.features import DEFAULT_SPEC, KeyState, apply_event, has_event, memory_bytes, new_state, replayable
+from tables.key_store import Stored, changes, decode, decode_many
 from tests.reference import Late, Scored, replay
 
 pytestmark = pytest.mark.usefixtures("window_paths")  # every test: sliced and indexed windows
@@ -95,19 +95,19 @@ class Tables:
         assert self.current is not None, "table access outside a partition scope"
         return self.current
 
-    def load_card(self, card_id: str) -> tuple[CardState, Stored] | None:
-        """Through the real table layout (tables.card_store): a header with the tail, and sealed chunks."""
+    def load_state(self, card_id: str) -> tuple[KeyState, Stored] | None:
+        """Through the real table layout (tables.key_store): a header with the tail, and sealed chunks."""
         partition, key = self._partition(), card_id.encode()
         header = self.cards.get((partition, key))
         return None if header is None else decode(header, lambda k: self.cards.get((partition, k)), key)
 
-    def load_cards(self, card_ids: list[str]) -> list[tuple[CardState, Stored] | None]:
-        """Several cards in two batched reads (tables.card_store.decode_many), as a worker's prefetch reads them."""
+    def load_states(self, card_ids: list[str]) -> list[tuple[KeyState, Stored] | None]:
+        """Several cards in two batched reads (tables.key_store.decode_many), as a worker's prefetch reads them."""
         partition = self._partition()
         return decode_many([card_id.encode() for card_id in card_ids],
                            lambda keys: [self.cards.get((partition, key)) for key in keys])
 
-    def store_card(self, card_id: str, state: CardState, stored: Stored, touched: set[int]) -> int:
+    def store_state(self, card_id: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
         writes = changes(card_id.encode(), state, stored, touched)
         for key, value in writes:
             if value is None:
@@ -124,7 +124,7 @@ class Tables:
 
     def new_cache(self, max_clean_cards: int = 100_000) -> StateCache:
         """A fresh StateCache over these tables: what a restarted worker builds after restoring them."""
-        return StateCache(load_card=self.load_card, load_cards=self.load_cards, store_card=self.store_card,
+        return StateCache(load_state=self.load_state, load_states=self.load_states, store_state=self.store_state,
                           load_watermark=self.load_watermark,
                           store_watermark=self.store_watermark, scope=self.scope, allowed_lateness_ms=LATENESS_MS,
                           max_clean_bytes=max_clean_cards * memory_bytes(0))  # about that many cards
@@ -150,7 +150,7 @@ class Worker:
         cache, partition = self.cache, ev.partition
         self.seen.add((partition, ev.card_id))
         watermark = cache.watermark(partition)
-        state = cache.card(partition, ev.card_id)
+        state = cache.state(partition, ev.card_id)
         if watermark.is_late(ev.ts) and not (
                 has_event(state, ev.id) and replayable(state, ev.ts, allowed_lateness_ms=LATENESS_MS)):
             assert watermark.value is not None
@@ -166,10 +166,10 @@ class Worker:
     def flush(self) -> None:
         """Flush, then check the tables hold exactly what the cache holds."""
         self.cache.flush()
-        assert self.cache.dirty_cards() == 0
+        assert self.cache.dirty_keys() == 0
         for partition, card_id in self.seen:
             with self.tables.scope(partition):
-                loaded = self.tables.load_card(card_id)
+                loaded = self.tables.load_state(card_id)
                 stored = loaded[0] if loaded is not None else new_state()  # a card with only late events
             assert stored == (self.cache.peek(partition, card_id) or new_state()), f"unflushed {card_id}"
         for partition in {p for p, _ in self.seen}:

@@ -3,7 +3,7 @@
 Specs are generated as TOML text (parsed by tables.spec), with every operation over float, int, bool and
 string fields and windows from a second to two minutes; streams have several keys and partitions,
 jittered, borderline and late event times, and redeliveries. Events go through what a worker runs per
-record: the real StateCache over tables in the stored layout (tables.card_store), with flushes and
+record: the real StateCache over tables in the stored layout (tables.key_store), with flushes and
 restarts at random points, the watermark, the replay rule and apply_event.
 """
 
@@ -21,8 +21,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from tables.cache import StateCache
-from tables.card_store import Stored, changes, decode, decode_many
-from tables.features import CardState, apply_event, has_event, memory_bytes, replayable
+from tables.features import KeyState, apply_event, has_event, memory_bytes, replayable
+from tables.key_store import Stored, changes, decode, decode_many
 from tables.spec import OPERATIONS, FeatureSpec, parse_spec
 from tests.reference import Late, Scored, replay_spec
 
@@ -128,17 +128,17 @@ class Tables:
         finally:
             self.current = None
 
-    def load(self, key: str) -> tuple[CardState, Stored] | None:
+    def load(self, key: str) -> tuple[KeyState, Stored] | None:
         partition, raw = self.current, key.encode()
         assert partition is not None
         header = self.states.get((partition, raw))
         return None if header is None else decode(header, lambda k: self.states.get((partition, k)), raw)
 
-    def load_many(self, keys: list[str]) -> list[tuple[CardState, Stored] | None]:
+    def load_many(self, keys: list[str]) -> list[tuple[KeyState, Stored] | None]:
         partition = self.current
         return decode_many([key.encode() for key in keys], lambda raw: [self.states.get((partition, k)) for k in raw])
 
-    def store(self, key: str, state: CardState, stored: Stored, touched: set[int]) -> int:
+    def store(self, key: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
         assert self.current is not None
         writes = changes(key.encode(), state, stored, touched)
         for raw, value in writes:
@@ -157,7 +157,7 @@ class Tables:
             assert self.current is not None
             self.watermarks[self.current] = max_ts
 
-        return StateCache(load_card=self.load, load_cards=self.load_many, store_card=self.store,
+        return StateCache(load_state=self.load, load_states=self.load_many, store_state=self.store,
                           load_watermark=load_watermark, store_watermark=store_watermark, scope=self.scope,
                           allowed_lateness_ms=spec.allowed_lateness_ms, spec=spec,
                           max_clean_bytes=max_clean_keys * memory_bytes(0))
@@ -168,7 +168,7 @@ def handle(cache: StateCache, spec: FeatureSpec, event: dict[str, Any]) -> Score
     partition, key, event_id, ts = event["partition"], event[spec.key], event[spec.event_id], event[spec.event_time]
     lateness = spec.allowed_lateness_ms
     watermark = cache.watermark(partition)
-    state = cache.card(partition, key)
+    state = cache.state(partition, key)
     if watermark.is_late(ts) and not (
             has_event(state, event_id) and replayable(state, ts, allowed_lateness_ms=lateness, spec=spec)):
         assert watermark.value is not None

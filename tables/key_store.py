@@ -1,28 +1,28 @@
-"""How a card's state is laid out in its table: a header that carries the newest events, and sealed chunks.
+"""How a key's state is laid out in its table: a header that carries the newest events, and sealed chunks.
 
-A card keeps every event of its replay horizon (allowed lateness plus twice the largest window, two
+A key keeps every event of its replay horizon (allowed lateness plus twice the largest window, two
 hours and more by default). Written as one value, each flush would rewrite all of them, so the bytes
-sent to the changelog would grow with the events a card keeps, not with the events that changed. Split
-by fixed time buckets, a quiet card would need one read per bucket to load. The state is therefore
+sent to the changelog would grow with the events a key keeps, not with the events that changed. Split
+by fixed time buckets, a quiet key would need one read per bucket to load. The state is therefore
 split by *count*, along event time:
 
-* ``<card id>`` holds the header ``{"v": 3, "n": <arrival counter>, "prev": <max evicted ts>,
+* ``<key id>`` holds the header ``{"v": 3, "n": <arrival counter>, "prev": <max evicted ts>,
   "c": [[first chunk, last chunk], ...], "t": <tail start ts>, "k": <next chunk number>,
   "e": <tail>}``: the chunk numbers as runs of consecutive numbers (one run, usually: the header's
-  size does not grow with the chunks), and the tail, the card's newest events (those at or after the
+  size does not grow with the chunks), and the tail, the key's newest events (those at or after the
   tail start), fewer than ``CHUNK_EVENTS`` of them, as parallel lists ``[ts, <value columns>, id, seq]``
   (the value columns of ``tables.features``: one per field the spec's features read), and ``"pv"``, the
   values of the event at ``prev``, when known;
-* ``<card id>\\x00c<chunk>`` holds one sealed chunk's events, in the same form. Chunk ``i`` holds the
+* ``<key id>\\x00c<chunk>`` holds one sealed chunk's events, in the same form. Chunk ``i`` holds the
   events from its start up to the next chunk's start (the first chunk from the lowest time, the last up
   to the tail start). Chunk numbers grow along event time; a loaded chunk starts at its first event.
 
 Events arrive mostly in event-time order, so a new event usually lands in the tail: a flush writes one
-record for such a card, and a card with fewer than ``CHUNK_EVENTS`` events is read with one. When the
+record for such a key, and a key with fewer than ``CHUNK_EVENTS`` events is read with one. When the
 tail reaches ``CHUNK_EVENTS`` it is sealed into a chunk, written once. A late event that falls into a
 sealed chunk rewrites that chunk; eviction rewrites the chunk it cut into and deletes the chunks it
 emptied. A flush's work and bytes thus follow the events that changed (at most a chunk per change), and
-loading a card costs one read per ``CHUNK_EVENTS`` events it holds. The cards a fetched batch needs
+loading a key costs one read per ``CHUNK_EVENTS`` events it holds. The keys a fetched batch needs
 and the cache does not hold are read together (:func:`decode_many`): all their headers in one
 multi-key read, then all their chunks in a second.
 
@@ -30,14 +30,14 @@ Chunks are written before the header and deletions after it. Within a changelog 
 their order and a crash loses a suffix, so a header never lists a chunk whose write was lost. A chunk
 rewritten before a lost header may hold an event the header's counter does not count: the counter is
 read as at least the highest arrival number held. Everything is JSON (orjson). Values written by an
-earlier seam (the whole state under the card id, or per-minute buckets) are read as before and
-rewritten in this layout at the card's next flush.
+earlier seam (the whole state under the key id, or per-minute buckets) are read as before and
+rewritten in this layout at the key's next flush.
 
-Keys: a card's header is under its id's UTF-8 bytes, and its chunks (and the earlier per-minute
-buckets) under those bytes, a NUL byte and a suffix (``chunk_key``). The layout assumes that no card
+Keys: a key's header is under its id's UTF-8 bytes, and its chunks (and the earlier per-minute
+buckets) under those bytes, a NUL byte and a suffix (``chunk_key``). The layout assumes that no key
 id contains a NUL character. Input validation does not enforce that yet (it checks only an id's
-length, 1-128 characters): a card id containing NUL could collide with another card's chunk keys
-(card ``"a\\x00c0"``'s header key is card ``"a"``'s chunk 0).
+length, 1-128 characters): a key id containing NUL could collide with another key's chunk keys
+(key ``"a\\x00c0"``'s header key is key ``"a"``'s chunk 0).
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ from typing import Any
 
 import orjson
 
-from tables.features import CardState, new_state, upgrade_state
+from tables.features import KeyState, new_state, upgrade_state
 
 __all__ = ["CHUNK_EVENTS", "Stored", "chunk_key", "changes", "decode", "decode_many", "events_held"]
 
 CHUNK_EVENTS = 32
-_SEPARATOR = b"\x00"  # assumes card ids without NUL, which input validation does not check yet (see above)
+_SEPARATOR = b"\x00"  # assumes key ids without NUL, which input validation does not check yet (see above)
 _V2_BUCKET_MS = 60_000  # the per-minute buckets of the previous layout
 
 Write = tuple[bytes, bytes | None]  # (key, value); None deletes the key
@@ -63,7 +63,7 @@ Write = tuple[bytes, bytes | None]  # (key, value); None deletes the key
 
 @dataclass(slots=True)
 class Stored:
-    """What the table holds for a card: its sealed chunks and tail start, as of the last write."""
+    """What the table holds for a key: its sealed chunks and tail start, as of the last write."""
 
     chunks: list[list[int]] = field(default_factory=list)  # [chunk number, start ts, events], by start
     tail: int | None = None  # the tail start; None: no chunk, the tail holds every event
@@ -73,39 +73,39 @@ class Stored:
     legacy: list[bytes] | None = None  # an earlier layout: rewrite it all, then delete these keys
 
 
-def chunk_key(card_key: bytes, chunk: int) -> bytes:
-    """The table key of one sealed chunk of a card."""
-    return card_key + _SEPARATOR + b"c" + str(chunk).encode()
+def chunk_key(state_key: bytes, chunk: int) -> bytes:
+    """The table key of one sealed chunk of a key."""
+    return state_key + _SEPARATOR + b"c" + str(chunk).encode()
 
 
-def decode(header: bytes | None, get: Callable[[bytes], bytes | None], card_key: bytes) -> tuple[CardState, Stored]:
-    """Rebuild a card's state from its header and chunks (``get`` reads a key of the table)."""
+def decode(header: bytes | None, get: Callable[[bytes], bytes | None], state_key: bytes) -> tuple[KeyState, Stored]:
+    """Rebuild a key's state from its header and chunks (``get`` reads a key of the table)."""
     if header is None:
         return new_state(), Stored()
-    return _decode(orjson.loads(header), get, card_key)
+    return _decode(orjson.loads(header), get, state_key)
 
 
-def decode_many(card_keys: Sequence[bytes], get_many: Callable[[list[bytes]], list[bytes | None]]) -> list[
-        tuple[CardState, Stored] | None]:
-    """:func:`decode` for several cards, in two batched reads (``get_many``): their headers, then their chunks.
+def decode_many(state_keys: Sequence[bytes], get_many: Callable[[list[bytes]], list[bytes | None]]) -> list[
+        tuple[KeyState, Stored] | None]:
+    """:func:`decode` for several keys, in two batched reads (``get_many``): their headers, then their chunks.
 
-    ``None`` for a card the table does not hold.
+    ``None`` for a key the table does not hold.
     """
-    metas = [None if header is None else orjson.loads(header) for header in get_many(list(card_keys))]
-    wanted = [chunk_key(card_key, number) for card_key, meta in zip(card_keys, metas, strict=True)
+    metas = [None if header is None else orjson.loads(header) for header in get_many(list(state_keys))]
+    wanted = [chunk_key(state_key, number) for state_key, meta in zip(state_keys, metas, strict=True)
               if meta is not None and meta.get("v") == 3 for first, last in meta["c"]
               for number in range(first, last + 1)]
     chunks = dict(zip(wanted, get_many(wanted), strict=True)) if wanted else {}
     return [None if meta is None else _decode(meta, chunks.get if meta.get("v") == 3 else _single_reads(get_many),
-                                              card_key)
-            for card_key, meta in zip(card_keys, metas, strict=True)]
+                                              state_key)
+            for state_key, meta in zip(state_keys, metas, strict=True)]
 
 
 def _single_reads(get_many: Callable[[list[bytes]], list[bytes | None]]) -> Callable[[bytes], bytes | None]:
     return lambda key: get_many([key])[0]
 
 
-def _decode(meta: dict[str, Any], get: Callable[[bytes], bytes | None], card_key: bytes) -> tuple[CardState, Stored]:
+def _decode(meta: dict[str, Any], get: Callable[[bytes], bytes | None], state_key: bytes) -> tuple[KeyState, Stored]:
     version = meta.get("v")
     if version is None:  # the whole state in one value
         state = upgrade_state(meta)
@@ -113,13 +113,13 @@ def _decode(meta: dict[str, Any], get: Callable[[bytes], bytes | None], card_key
     state = new_state(2 if version == 2 else len(meta["e"]) - 3)  # the layout of per-minute buckets had two
     state["n"], state["prev"], state["pv"] = meta["n"], meta["prev"], meta.get("pv")
     if version == 2:
-        keys = [card_key + _SEPARATOR + str(bucket).encode() for bucket in sorted(meta["b"])]
+        keys = [state_key + _SEPARATOR + str(bucket).encode() for bucket in sorted(meta["b"])]
         legacy = [key for key in keys if _extend(state, get(key))]
         return state, Stored(n=state["n"], held=len(state["ts"]), legacy=legacy)
     chunks = []
     for first, last in meta["c"]:
         for number in range(first, last + 1):
-            value = get(chunk_key(card_key, number))
+            value = get(chunk_key(state_key, number))
             if value is not None:
                 held = len(state["ts"])
                 _extend_columns(state, orjson.loads(value))
@@ -131,14 +131,14 @@ def _decode(meta: dict[str, Any], get: Callable[[bytes], bytes | None], card_key
     return state, Stored(chunks, meta["t"], meta["k"], state["n"], len(state["ts"]))
 
 
-def _extend(state: CardState, value: bytes | None) -> bool:
+def _extend(state: KeyState, value: bytes | None) -> bool:
     if value is None:
         return False
     _extend_columns(state, orjson.loads(value))
     return True
 
 
-def _extend_columns(state: CardState, columns: list[list[Any]]) -> None:
+def _extend_columns(state: KeyState, columns: list[list[Any]]) -> None:
     state["ts"].extend(columns[0])
     for held, values in zip(state["values"], columns[1:-2], strict=True):
         # Strings as decoded events have them: one object per value (a merchant, a country) however often it repeats.
@@ -147,8 +147,8 @@ def _extend_columns(state: CardState, columns: list[list[Any]]) -> None:
     state["seq"].extend(columns[-1])
 
 
-def changes(card_key: bytes, state: CardState, stored: Stored, touched: Iterable[int]) -> list[Write]:
-    """The writes that bring the table's copy of a card up to ``state``; update ``stored`` to match.
+def changes(state_key: bytes, state: KeyState, stored: Stored, touched: Iterable[int]) -> list[Write]:
+    """The writes that bring the table's copy of a key up to ``state``; update ``stored`` to match.
 
     ``touched`` are the event times of the events applied since the last write.
     """
@@ -171,10 +171,10 @@ def changes(card_key: bytes, state: CardState, stored: Stored, touched: Iterable
             lo = 0 if index == 0 else bisect_left(times, chunk[1])
             hi = bisect_left(times, chunks[index + 1][1] if index + 1 < len(chunks) else tail_start)
             if lo == hi:
-                gone.append(chunk_key(card_key, chunk[0]))
+                gone.append(chunk_key(state_key, chunk[0]))
                 continue
             chunk[2] = hi - lo
-            writes.append((chunk_key(card_key, chunk[0]), _encode(state, lo, hi)))
+            writes.append((chunk_key(state_key, chunk[0]), _encode(state, lo, hi)))
             kept.append(chunk)
         stored.chunks = chunks = kept
     tail = stored.tail if chunks else None
@@ -184,7 +184,7 @@ def changes(card_key: bytes, state: CardState, stored: Stored, touched: Iterable
         while cut < len(times) and times[cut] == times[cut - 1]:
             cut += 1  # equal times stay together: a time belongs to one chunk
         chunks.append([stored.next_chunk, times[lo] if tail is None else tail, cut - lo])
-        writes.append((chunk_key(card_key, stored.next_chunk), _encode(state, lo, cut)))
+        writes.append((chunk_key(state_key, stored.next_chunk), _encode(state, lo, cut)))
         stored.next_chunk += 1
         tail = times[cut] if cut < len(times) else times[-1] + 1
         lo = cut
@@ -193,13 +193,13 @@ def changes(card_key: bytes, state: CardState, stored: Stored, touched: Iterable
               "e": _columns(state, lo, len(times))}
     if state["pv"] is not None:
         header["pv"] = state["pv"]
-    writes.append((card_key, orjson.dumps(header)))
+    writes.append((state_key, orjson.dumps(header)))
     # After the header: a crash between them leaves an unlisted chunk, never a listed one missing.
     writes += [(key, None) for key in gone]
     return writes
 
 
-def _changed_chunks(chunks: list[list[int]], tail: int, stored: Stored, state: CardState,
+def _changed_chunks(chunks: list[list[int]], tail: int, stored: Stored, state: KeyState,
                     touched: Iterable[int]) -> set[int]:
     """The sealed chunks that received events or lost some to eviction since the last write."""
     starts = [chunk[1] for chunk in chunks]
@@ -223,14 +223,14 @@ def _runs(chunks: list[list[int]]) -> list[list[int]]:
     return runs
 
 
-def _columns(state: CardState, lo: int, hi: int) -> list[list[Any]]:
+def _columns(state: KeyState, lo: int, hi: int) -> list[list[Any]]:
     return [state["ts"][lo:hi], *(values[lo:hi] for values in state["values"]), state["id"][lo:hi], state["seq"][lo:hi]]
 
 
-def _encode(state: CardState, lo: int, hi: int) -> bytes:
+def _encode(state: KeyState, lo: int, hi: int) -> bytes:
     return orjson.dumps(_columns(state, lo, hi))
 
 
-def events_held(state: CardState) -> int:
-    """How many events a card's state holds (what its memory grows with)."""
+def events_held(state: KeyState) -> int:
+    """How many events a key's state holds (what its memory grows with)."""
     return len(state["ts"])

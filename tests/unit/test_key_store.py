@@ -12,8 +12,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from tables import features
-from tables.card_store import CHUNK_EVENTS, Stored, changes, chunk_key, decode, decode_many
-from tables.features import DEFAULT_SPEC, CardState, apply_event, memory_bytes, new_state
+from tables.features import DEFAULT_SPEC, KeyState, apply_event, memory_bytes, new_state
+from tables.key_store import CHUNK_EVENTS, Stored, changes, chunk_key, decode, decode_many
 
 LATENESS_MS = 60_000
 T = 1_764_500_000_000
@@ -36,7 +36,7 @@ class Table:
                 self.data[key] = value
                 self.bytes_written += len(key) + len(value)
 
-    def load(self) -> tuple[CardState, Stored]:
+    def load(self) -> tuple[KeyState, Stored]:
         self.reads = 0
         return decode(self.data.get(KEY), self._get, KEY)
 
@@ -57,7 +57,7 @@ def same(loaded: Stored, stored: Stored) -> bool:
                                stored.held, stored.legacy)
 
 
-def fill(state: CardState, count: int, *, start: int = T, step_ms: int = 1_000, prefix: str = "e") -> set[int]:
+def fill(state: KeyState, count: int, *, start: int = T, step_ms: int = 1_000, prefix: str = "e") -> set[int]:
     """Apply ``count`` in-order events; return their times (what the cache passes as touched)."""
     touched = set()
     for i in range(count):
@@ -130,7 +130,7 @@ def test_eviction_deletes_emptied_chunks_after_the_header_and_rewrites_the_cut_o
     assert set(table.data) == keys_of(stored)
 
 
-def legacy_columns(state: CardState) -> dict[str, object]:
+def legacy_columns(state: KeyState) -> dict[str, object]:
     """A state as earlier seams held it: named columns of the example spec's amount and merchant."""
     return {"n": state["n"], "prev": state["prev"], "ts": state["ts"], "amt": state["values"][0],
             "mer": state["values"][1], "id": state["id"], "seq": state["seq"]}
