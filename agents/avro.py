@@ -20,6 +20,7 @@ Avro binary encoding of the datum (no container header): what Confluent's serial
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import io
 import json
@@ -59,6 +60,7 @@ MAGIC = 0
 HEADER_BYTES = 5
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 UNKNOWN_SCHEMA = 40403  # the Confluent API's error code for a schema id it does not have
+MAX_ANSWER_BYTES = 4 << 20  # the most of a registry answer read (a schema is kilobytes)
 
 
 def frame(schema_id: int, payload: bytes) -> bytes:
@@ -114,6 +116,18 @@ class RegistryUnavailable(Exception):  # noqa: N818 - a condition, named for wha
     """The registry did not answer (refused, timed out, or answered with a server error)."""
 
 
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+    """The body of ``response``, unless it is longer than ``limit`` bytes (then it is not read further)."""
+    if response.content_length is not None and response.content_length > limit:
+        raise RegistryUnavailable(f"{what}: an answer of more than {limit} bytes, not read")
+    body = bytearray()
+    while chunk := await response.content.read(limit + 1 - len(body)):
+        body += chunk
+        if len(body) > limit:
+            raise RegistryUnavailable(f"{what}: an answer of more than {limit} bytes, not read")
+    return bytes(body)
+
+
 class SchemaRegistry:
     """A Confluent-compatible schema registry at ``url`` (Apicurio's ``.../apis/ccompat/v6``, Confluent's root)."""
 
@@ -137,7 +151,7 @@ class SchemaRegistry:
                     method, self.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s),
                     data=None if body is None else orjson.dumps(body),
                     headers=None if body is None else {"Content-Type": CONTENT_TYPE}) as response:
-                text = await response.read()
+                text = await _read_at_most(response, MAX_ANSWER_BYTES, f"{method} {self.url}{path}")
                 status = response.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise RegistryUnavailable(f"{method} {self.url}{path}: {exc!r}") from exc
@@ -229,6 +243,11 @@ class SchemaCache:
     UNKNOWN_RECHECK_S = 60.0  # an id the registry did not have is asked for again after this
     RETRY_AFTER_S = 5.0  # after the registry did not answer, ids it was asked for are refused this long
     ATTEMPT_TIMEOUT_S = 2.0
+    # Records naming random schema ids would cost one registry request each: while this many ids turned out
+    # unknown within UNKNOWN_RECHECK_S or are being looked up, further new ids are refused without asking
+    # (for RETRY_AFTER_S, as when the registry does not answer; the dead letters can be replayed).
+    UNKNOWN_BUDGET = 32
+    MAX_REFUSED = 4096  # refusals kept (the oldest go first): ids seen once do not pile up
 
     def __init__(self, fetch: Fetch, *, timeout_s: float, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -241,8 +260,9 @@ class SchemaCache:
         self._on_lookup = on_lookup
         # The wire-format header (magic byte and id) of every schema found -> the schema: what decoding reads.
         self.by_header: dict[bytes, WriterSchema] = {}
-        self.refused: dict[int, _Refused] = {}  # ids whose records are refused for now
+        self.refused: dict[int, _Refused] = {}  # ids whose records are refused for now (oldest first)
         self._lookups: dict[int, asyncio.Future[None]] = {}
+        self._unknown: collections.deque[float] = collections.deque()  # when lookups found an id unknown
 
     def needs(self, schema_id: int) -> bool:
         """Whether ``schema_id`` must be looked up before its records can be decoded."""
@@ -259,6 +279,12 @@ class SchemaCache:
                 continue
             lookup = self._lookups.get(schema_id)
             if lookup is None:
+                if self._over_unknown_budget():
+                    message = (f"schema id {schema_id} was not looked up: {len(self._unknown)} ids were unknown to "
+                               f"the schema registry in the last {self.UNKNOWN_RECHECK_S:g} s and "
+                               f"{len(self._lookups)} are being looked up")
+                    self._refuse(schema_id, Invalid("unknown_schema_id", message), self._clock() + self.RETRY_AFTER_S)
+                    continue
                 lookup = self._lookups[schema_id] = asyncio.ensure_future(self._look_up(schema_id))
                 lookup.add_done_callback(functools.partial(self._looked_up, schema_id))
             waits.append(lookup)
@@ -289,19 +315,34 @@ class SchemaCache:
                        "to the dead-letter topic for %.0f s, then it is asked for again", schema_id, self.timeout_s,
                        error, self.RETRY_AFTER_S)
         self._count("unavailable")
-        self.refused[schema_id] = _Refused(
-            Invalid("registry_unavailable", f"schema id {schema_id}: the schema registry did not answer within "
-                                            f"{self.timeout_s:g} s ({error})"),
-            self._clock() + self.RETRY_AFTER_S)
+        self._refuse(schema_id, Invalid(
+            "registry_unavailable", f"schema id {schema_id}: the schema registry did not answer within "
+                                    f"{self.timeout_s:g} s ({error})"), self._clock() + self.RETRY_AFTER_S)
+
+    def _over_unknown_budget(self) -> bool:
+        """Whether ``UNKNOWN_BUDGET`` ids turned out unknown within the last ``UNKNOWN_RECHECK_S`` or are being
+        looked up (such ids are refused for ``RETRY_AFTER_S``, then may be asked for)."""
+        unknown, oldest = self._unknown, self._clock() - self.UNKNOWN_RECHECK_S
+        while unknown and unknown[0] <= oldest:
+            unknown.popleft()
+        return len(unknown) + len(self._lookups) >= self.UNKNOWN_BUDGET
+
+    def _refuse(self, schema_id: int, invalid: Invalid, until: float) -> None:
+        refused = self.refused
+        refused.pop(schema_id, None)
+        refused[schema_id] = _Refused(invalid, until)  # to the end: the newest refusal
+        while len(refused) > self.MAX_REFUSED:
+            del refused[next(iter(refused))]
 
     def _found(self, schema_id: int, found: tuple[str, str] | None) -> None:
         if found is None:
             logger.warning("schema id %d is not in the schema registry; its records go to the dead-letter topic",
                            schema_id)
             self._count("unknown")
-            self.refused[schema_id] = _Refused(
-                Invalid("unknown_schema_id", f"schema id {schema_id} is not in the schema registry"),
-                self._clock() + self.UNKNOWN_RECHECK_S)
+            self._unknown.append(self._clock())
+            self._refuse(schema_id, Invalid("unknown_schema_id",
+                                            f"schema id {schema_id} is not in the schema registry"),
+                         self._clock() + self.UNKNOWN_RECHECK_S)
             return
         kind, text = found
         try:
@@ -310,8 +351,8 @@ class SchemaCache:
             parsed = writer_schema(json.loads(text), self.contract)
         except Exception as exc:  # noqa: BLE001 - not JSON, not a schema fastavro can read
             self._count("unsupported")
-            self.refused[schema_id] = _Refused(
-                Invalid("unsupported_schema", f"schema id {schema_id} cannot be read: {exc}"), float("inf"))
+            self._refuse(schema_id, Invalid("unsupported_schema", f"schema id {schema_id} cannot be read: {exc}"),
+                         float("inf"))
             return
         self._count("found")
         self.refused.pop(schema_id, None)

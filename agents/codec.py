@@ -29,6 +29,7 @@ __all__ = [
     "Invalid",
     "JsonInput",
     "dead_letter",
+    "dead_letter_key",
     "late_record",
     "FeatureRecord",
     "decode_feature_record",
@@ -95,6 +96,10 @@ class Contract:
                 return Invalid("out_of_range", f"{name!r} must have 1..{MAX_ID_CHARS} characters")
             if not value.isascii() and not _is_utf8(value):
                 return Invalid("invalid_json", f"{name!r} contains an unpaired surrogate escape")
+            if not value.isprintable():
+                return Invalid("unprintable", f"{name!r} holds {_first_unprintable(value)}: keys and ids must be "
+                                              "printable text (no control, format or separator character but the "
+                                              "space)")
         if self.iso_time:
             parsed = _iso_ms(ts)
             if isinstance(parsed, str):
@@ -182,6 +187,11 @@ class JsonInput:
         return self.contract.validate(obj)
 
 
+def _first_unprintable(text: str) -> str:
+    position, character = next((i, c) for i, c in enumerate(text) if not c.isprintable())
+    return f"U+{ord(character):04X} at position {position}"
+
+
 def _iso_ms(value: Any) -> int | str:
     """An ISO-8601 time with a zone (``2026-12-02T13:35:14.250+00:00``, ``...Z``) in epoch ms, or why not."""
     if not isinstance(value, str):
@@ -213,6 +223,14 @@ def _text_or_base64(raw: bytes | None) -> tuple[str | None, bool]:
 
 
 DEAD_LETTER_VALUE_BYTES = 16 * 1024
+# A dead letter's Kafka key is the original key cut to this, and so is the key inside it: an input record's
+# key can be as large as the broker accepts, and its dead letter (the key twice, escaped in JSON) must fit too.
+DEAD_LETTER_KEY_BYTES = 1024
+
+
+def dead_letter_key(key: bytes | None) -> bytes | None:
+    """The Kafka key of a record's dead letter: its key, cut to ``DEAD_LETTER_KEY_BYTES``."""
+    return key if key is None or len(key) <= DEAD_LETTER_KEY_BYTES else key[:DEAD_LETTER_KEY_BYTES]
 
 
 def dead_letter(
@@ -229,10 +247,13 @@ def dead_letter(
     """Encode a dead-letter record: the reason, the source position and the original bytes.
 
     A value larger than ``max_value_bytes`` is cut to that size (``value_truncated``, with the full
-    ``value_size``): a dead letter must itself fit in a Kafka record, and the whole original stays
-    readable at its source topic, partition and offset.
+    ``value_size``), and a key larger than ``DEAD_LETTER_KEY_BYTES`` likewise (``key_truncated``,
+    ``key_size``): a dead letter must itself fit in a Kafka record (at most about 6 × 17 KiB, every byte
+    escaped in JSON), and the whole original stays readable at its source topic, partition and offset.
     """
-    key_text, key_b64 = _text_or_base64(key)
+    key_size = None if key is None else len(key)
+    key_truncated = key_size is not None and key_size > DEAD_LETTER_KEY_BYTES
+    key_text, key_b64 = _text_or_base64(dead_letter_key(key))
     size = None if value is None else len(value)
     truncated = size is not None and size > max_value_bytes
     value_text, value_b64 = _text_or_base64(value[:max_value_bytes] if truncated and value else value)
@@ -244,6 +265,8 @@ def dead_letter(
         "offset": offset,
         "key": key_text,
         "key_base64": key_b64,
+        "key_size": key_size,
+        "key_truncated": key_truncated,
         "value": value_text,
         "value_base64": value_b64,
         "value_size": size,
@@ -258,7 +281,7 @@ FEATURE_RECORD_FORMAT = 1
 
 @dataclass(frozen=True, slots=True)
 class FeatureRecord:
-    """A decoded feature-log record (its key, the key id, is the record's key)."""
+    """A decoded feature-log record (the event's key is the record's Kafka key)."""
 
     id: str
     ts: int

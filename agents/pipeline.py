@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agents.boundary import BatchResult
-from agents.codec import Event, Invalid, dead_letter, late_record
+from agents.codec import Event, Invalid, dead_letter, dead_letter_key, late_record
 from agents.formats import RecordFormat, json_format
 from agents.ingest import RawRecord, RecordBatch
 from agents.metrics import BoundaryMetrics
@@ -179,7 +179,8 @@ class Pipeline:
             await self._boundary.submit_many(items)
 
     async def _route(self, batch: RecordBatch, record: RawRecord, kind: str, topic: str, value: bytes) -> None:
-        delivery = asyncio.ensure_future(await self._outputs.send(batch, topic, record.key, value))
+        key = dead_letter_key(record.key) if kind == "dead_letter" else record.key
+        delivery = asyncio.ensure_future(await self._outputs.send(batch, topic, key, value))
         offset = record.offset
         self._track(delivery, lambda done: self._ack_if_delivered(done, kind, topic, [(batch, offset)]))
 
@@ -232,7 +233,7 @@ class Pipeline:
                     Invalid("inference_error", f"inference failed: {error}"), topic=record.topic,
                     partition=record.partition, offset=record.offset, key=record.key, value=record.value,
                     routed_at_ms=_now_ms())
-                deliveries.append(await outputs.send(item.batch, outputs.dlq_topic, record.key, value))
+                deliveries.append(await outputs.send(item.batch, outputs.dlq_topic, dead_letter_key(record.key), value))
                 continue
             key = item.tx.key.encode()
             value = encode.prediction(item.tx, score=score, threshold=threshold, model=info.tag, queue_ms=queue_ms,

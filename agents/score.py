@@ -47,7 +47,7 @@ from app.settings import Settings
 from tables.cache import StateCache, StoreState
 from tables.changelog import ChangelogProducer, ChangelogWriter
 from tables.features import KeyState
-from tables.key_store import Stored, changes
+from tables.key_store import Stored, changes, stored_key
 from tables.spec import FeatureSpec
 from tables.state import LAYOUT_KEY, WATERMARK_KEY, StateTables
 
@@ -151,7 +151,7 @@ class ScoringService(Service):
 
         def write_state(key: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
             partition = ingest.current_partition()
-            writes = changes(key.encode(), state, stored, touched)
+            writes = changes(stored_key(key), state, stored, touched)
             for raw, value in writes:
                 write(tables.state_table, partition, raw, value)
             return len(writes)

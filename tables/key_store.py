@@ -33,11 +33,11 @@ read as at least the highest arrival number held. Everything is JSON (orjson). V
 earlier seam (the whole state under the key id, or per-minute buckets) are read as before and
 rewritten in this layout at the key's next flush.
 
-Keys: a key's header is under its id's UTF-8 bytes, and its chunks (and the earlier per-minute
-buckets) under those bytes, a NUL byte and a suffix (``chunk_key``). The layout assumes that no key
-id contains a NUL character. Input validation does not enforce that yet (it checks only an id's
-length, 1-128 characters): a key id containing NUL could collide with another key's chunk keys
-(key ``"a\\x00c0"``'s header key is key ``"a"``'s chunk 0).
+Keys: a key's header is under :func:`stored_key`, its UTF-8 bytes with every NUL byte doubled, and
+its chunks (and the earlier per-minute buckets) under those bytes, a single NUL byte and a suffix
+(``chunk_key``). A stored key never holds a lone NUL, so no key's header or chunk can be another
+key's, whatever the key holds (input validation refuses unprintable keys anyway); a key without NUL,
+every key so far, is stored under its plain UTF-8 bytes.
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ import orjson
 
 from tables.features import KeyState, new_state, upgrade_state
 
-__all__ = ["CHUNK_EVENTS", "Stored", "chunk_key", "changes", "decode", "decode_many", "events_held"]
+__all__ = ["CHUNK_EVENTS", "Stored", "chunk_key", "changes", "decode", "decode_many", "events_held", "stored_key"]
 
 CHUNK_EVENTS = 32
-_SEPARATOR = b"\x00"  # assumes key ids without NUL, which input validation does not check yet (see above)
+_SEPARATOR = b"\x00"  # a stored key has none alone (stored_key doubles them)
 _V2_BUCKET_MS = 60_000  # the per-minute buckets of the previous layout
 
 Write = tuple[bytes, bytes | None]  # (key, value); None deletes the key
@@ -71,6 +71,12 @@ class Stored:
     n: int = 0  # the arrival counter and the events held at the last write: fewer held than written
     held: int = 0  # plus arrived since means eviction happened
     legacy: list[bytes] | None = None  # an earlier layout: rewrite it all, then delete these keys
+
+
+def stored_key(key: str) -> bytes:
+    """The table key of a key's header: its UTF-8 bytes, NUL bytes doubled (so none is a chunk's separator)."""
+    raw = key.encode()
+    return raw.replace(b"\x00", b"\x00\x00") if b"\x00" in raw else raw
 
 
 def chunk_key(state_key: bytes, chunk: int) -> bytes:

@@ -16,7 +16,7 @@ import faust
 from app.faust_compat import raw_get, raw_get_many
 from app.settings import Settings
 from tables.features import KeyState
-from tables.key_store import Stored, changes, decode, decode_many
+from tables.key_store import Stored, changes, decode, decode_many, stored_key
 
 __all__ = ["LAYOUT_KEY", "WATERMARK_KEY", "StateTables"]
 
@@ -60,7 +60,7 @@ class StateTables:
 
     def load_state(self, key: str) -> tuple[KeyState, Stored] | None:
         """Read one key's state and what the table holds of it (None if the key is unknown)."""
-        raw = key.encode()
+        raw = stored_key(key)
         table = self.state_table
         header = raw_get(table, raw)
         return None if header is None else decode(header, lambda k: raw_get(table, k), raw)
@@ -68,11 +68,11 @@ class StateTables:
     def load_states(self, keys: list[str]) -> list[tuple[KeyState, Stored] | None]:
         """:meth:`load_state` for several keys of the current partition, in two batched reads."""
         table = self.state_table
-        return decode_many([key.encode() for key in keys], lambda raw: raw_get_many(table, raw))
+        return decode_many([stored_key(key) for key in keys], lambda raw: raw_get_many(table, raw))
 
     def store_state(self, key: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
         """Write what changed in one key's state since ``stored`` (Faust table writes); return the records."""
-        writes = changes(key.encode(), state, stored, touched)
+        writes = changes(stored_key(key), state, stored, touched)
         for raw, value in writes:
             if value is None:
                 self.state_table.pop(raw, None)

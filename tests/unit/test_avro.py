@@ -273,3 +273,53 @@ def test_an_event_time_declared_as_timestamp_millis_is_read_as_epoch_millisecond
     input_ = reader(Registry(clock, {8: ("AVRO", json.dumps(logical))}), clock)
     [tx] = asyncio.run(decode(input_, avro(8, logical, TX)))
     assert isinstance(tx, Event) and tx.ts == TX["ts"]
+
+
+async def test_random_schema_ids_cost_the_registry_a_bounded_number_of_requests() -> None:
+    """A producer writing random ids: UNKNOWN_BUDGET of them are asked for in a minute, the rest refused at once
+    (replayable dead letters); a minute later new ids are asked for again; refusals kept stay bounded."""
+    clock = Clock()
+    registry = Registry(clock, schemas())
+    input_ = reader(registry, clock)
+    budget = SchemaCache.UNKNOWN_BUDGET
+    values = [avro(1000 + i, V1, TX) for i in range(3 * budget)]
+    results = await decode(input_, *values)
+    assert registry.calls == budget
+    assert all(isinstance(r, Invalid) and r.reason == "unknown_schema_id" for r in results)
+    assert sum("was not looked up" in r.message for r in results if isinstance(r, Invalid)) == 2 * budget
+    # Meanwhile a real new schema waits too (its records are dead letters to replay), until the minute is over.
+    assert (await decode(input_, avro(1, V1, TX)))[0].reason == "unknown_schema_id"  # type: ignore[union-attr]
+    assert registry.calls == budget
+    clock.now += SchemaCache.UNKNOWN_RECHECK_S + 1
+    assert isinstance((await decode(input_, avro(1, V1, TX)))[0], Event)
+    assert registry.calls == budget + 1
+    cache = input_.cache
+    cache.MAX_REFUSED = 10  # type: ignore[misc]
+    await decode(input_, *(avro(9000 + i, V1, TX) for i in range(20)))
+    assert len(cache.refused) <= 10
+
+
+async def test_a_registry_answer_larger_than_the_limit_is_not_read() -> None:
+    """An answer of more than MAX_ANSWER_BYTES (a broken or hostile registry) is refused, not read into memory."""
+    from aiohttp import web
+
+    from agents.avro import MAX_ANSWER_BYTES, SchemaRegistry
+
+    async def huge(request: web.Request) -> web.Response:
+        return web.Response(body=b'{"schema": "' + b"x" * (MAX_ANSWER_BYTES + 10) + b'"}',
+                            content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/schemas/ids/{id}", huge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    registry = SchemaRegistry(f"http://127.0.0.1:{port}")
+    try:
+        with pytest.raises(RegistryUnavailable, match="an answer of more than"):
+            await registry.schema(1, timeout_s=10)
+    finally:
+        await registry.close()
+        await runner.cleanup()

@@ -15,6 +15,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from agents.codec import (
+    DEAD_LETTER_KEY_BYTES,
     DEFAULT_CONTRACT,
     MAX_RECORD_BYTES,
     Event,
@@ -22,6 +23,7 @@ from agents.codec import (
     Invalid,
     JsonInput,
     dead_letter,
+    dead_letter_key,
     decode_feature_record,
     feature_record,
     late_record,
@@ -45,6 +47,7 @@ def transaction(id: str, card_id: str, ts: int, amount: float, merchant_id: str,
 PROPERTY = hsettings(max_examples=300, derandomize=True, database=None, deadline=None)
 REASONS = {
     "empty_value",
+    "unprintable",
     "too_large",
     "invalid_json",
     "not_an_object",
@@ -323,12 +326,41 @@ def test_dead_letter_fields() -> None:
         "offset": 41,
         "key": "c-1",
         "key_base64": False,
+        "key_size": 3,
+        "key_truncated": False,
         "value": '{"id": ',
         "value_base64": False,
         "value_size": 7,
         "value_truncated": False,
         "routed_at": 1_764_500_000_999,
     }
+
+
+@pytest.mark.parametrize("fill", [b"k", b"\x00", b"\xff"])
+def test_the_dead_letter_of_a_huge_key_fits_the_broker_limit_whatever_its_bytes(fill: bytes) -> None:
+    """A key of 900 KB (the broker takes records of up to 1 MiB) and an empty value: the letter, and its own Kafka
+    key, keep a 1 KiB preview and the full size, so the letter stays far under the broker's limit even when every
+    byte is escaped in JSON (a NUL becomes six characters) or the key is not text (base64)."""
+    key = fill * 900_000
+    letter = dead_letter(Invalid("empty_value", "record has no value"), topic="t", partition=0, offset=9, key=key,
+                         value=None, routed_at_ms=1)
+    out = orjson.loads(letter)
+    assert len(letter) < 16 * 1024
+    assert out["key_truncated"] is True and out["key_size"] == len(key)
+    preview = base64.b64decode(out["key"]) if out["key_base64"] else out["key"].encode()
+    assert preview == key[:DEAD_LETTER_KEY_BYTES] == dead_letter_key(key)
+    assert dead_letter_key(b"c-1") == b"c-1" and dead_letter_key(None) is None
+
+
+@pytest.mark.parametrize(("key", "shown"), [("c-\x00-1", "U+0000 at position 2"), ("c\n", "U+000A at position 1"),
+                                           ("\u200bc", "U+200B at position 0"), ("c\x7f", "U+007F at position 1")])
+def test_keys_and_ids_must_be_printable(record: Callable[..., dict[str, Any]], key: str, shown: str) -> None:
+    """A control, format or separator character in a key or an id is refused, named and placed; a space is fine."""
+    for field in ("card_id", "id"):
+        result = decode_transaction(encode(record(**{field: key})))
+        assert isinstance(result, Invalid) and result.reason == "unprintable", result
+        assert field in result.message and shown in result.message
+    assert isinstance(decode_transaction(encode(record(card_id="card 42"))), Event)
 
 
 def test_dead_letter_of_a_huge_value_is_truncated_and_says_so() -> None:

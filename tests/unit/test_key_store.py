@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tables import features
 from tables.features import DEFAULT_SPEC, KeyState, apply_event, memory_bytes, new_state
-from tables.key_store import CHUNK_EVENTS, Stored, changes, chunk_key, decode, decode_many
+from tables.key_store import CHUNK_EVENTS, Stored, changes, chunk_key, decode, decode_many, stored_key
 
 LATENESS_MS = 60_000
 T = 1_764_500_000_000
@@ -256,3 +256,29 @@ def test_decode_many_reads_the_headers_then_every_chunk_in_two_batched_reads() -
             alone = decode(table.data[key], table.data.get, key)
             assert found[0] == alone[0] and same(found[1], alone[1])
     assert decode_many([b"quiet"], get_many)[0] is not None and len(reads) == 3  # no chunk: no second read
+
+
+@hsettings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(st.lists(st.text(alphabet="a\x00c0123", min_size=1, max_size=6), min_size=2, max_size=6, unique=True))
+def test_no_key_stores_a_record_under_another_keys_table_key(keys: list[str]) -> None:
+    """Whatever a key holds (NUL bytes, a NUL and "c" and digits, a suffix of another key), the table keys of its
+    header and of its chunks are its own: ``"a\\x00c0"``'s header is not ``"a"``'s chunk 0."""
+    owner: dict[bytes, str] = {}
+    for key in keys:
+        for table_key in (stored_key(key), *(chunk_key(stored_key(key), chunk) for chunk in range(12))):
+            assert owner.setdefault(table_key, key) == key, f"{key!r} and {owner[table_key]!r} share {table_key!r}"
+    assert stored_key("c-42") == b"c-42"  # a key without NUL is stored as before
+
+
+def test_a_key_holding_nul_keeps_its_state_apart_from_the_key_it_starts_with() -> None:
+    table = Table()
+    for key, amount in (("a", 1.0), ("a\x00c0", 2.0)):
+        state = new_state()
+        apply_event(state, f"{key}-e", T, (amount, "m"), allowed_lateness_ms=LATENESS_MS)
+        state_key = stored_key(key)
+        for write_key, value in changes(state_key, state, Stored(), {T}):
+            table.data[write_key] = value
+    for key, amount in (("a", 1.0), ("a\x00c0", 2.0)):
+        state_key = stored_key(key)
+        loaded, _ = decode(table.data[state_key], table.data.get, state_key)
+        assert loaded["values"][0] == [amount] and loaded["id"] == [f"{key}-e"]

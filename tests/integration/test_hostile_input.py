@@ -1,0 +1,58 @@
+"""Records written to hurt: a worker fed them stays up, dead-letters each with its reason, and scores the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+
+from app.localhost import free_port
+from app.synthetic import TransactionGenerator
+from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw
+
+pytestmark = pytest.mark.integration
+
+
+def test_huge_keys_and_unprintable_ids_are_dead_lettered_and_the_worker_stays_up(kafka_bootstrap: str,
+                                                                                 tmp_path: Path) -> None:
+    """A 900 KB key with an empty value (its dead letter, the key twice and escaped, would pass the broker's 1 MiB
+    limit: the worker stopped, and met it again after each restart), a 300 KB key of NUL bytes with a valid value,
+    a card id "c-1\\x00c0" (its header was card c-1's chunk 0 in the table), an id with a newline."""
+    topics = Topics.unique(uuid.uuid4().hex[:10])
+    prepare_topics(kafka_bootstrap, topics)
+    generator = TransactionGenerator(cards=30, seed=9, late_rate=0.0, out_of_order_rate=0.0, id_prefix="hi")
+    valid = [next(generator)[0] for _ in range(300)]
+    template = valid[0]
+    hostile = [
+        (b"k" * 900_000, None, "empty_value"),
+        # The value is fine, and on time on whichever partition the key sends it to: scored.
+        (b"\x00" * 300_000, orjson.dumps(dict(template, id="hi-nul-key", ts=valid[-1]["ts"])), None),
+        (b"c-1\x00c0", orjson.dumps(dict(template, id="hi-nul-card", card_id="c-1\x00c0")), "unprintable"),
+        (b"c-2", orjson.dumps(dict(template, id="hi-new\nline", card_id="c-2")), "unprintable"),
+    ]
+    records = [encode(tx) for tx in valid[:150]] + [(key, value) for key, value, reason in hostile if reason]
+    # Last: its event time is the stream's newest, which raises its partition's watermark.
+    records += [encode(tx) for tx in valid[150:]] + [(key, value) for key, value, reason in hostile if not reason]
+    asyncio.run(produce_raw(kafka_bootstrap, topics.input, records))
+    scored = {tx["id"] for tx in valid} | {"hi-nul-key"}
+    worker = Worker(kafka_bootstrap, topics.env(), tmp_path / "worker", free_port())
+    try:
+        worker.wait_ready()
+        out = asyncio.run(collect(
+            kafka_bootstrap, [topics.predictions, topics.dlq],
+            done=lambda o: {p["id"] for p in o[topics.predictions]} >= scored and len(o[topics.dlq]) >= 3,
+            timeout_s=120))
+        assert worker.running(), worker.log_tail()
+    finally:
+        assert worker.stop() == 0, worker.log_tail()
+    assert {p["id"] for p in out[topics.predictions]} == scored
+    letters = out[topics.dlq]
+    assert sorted(d["reason"] for d in letters) == sorted(reason for _, _, reason in hostile if reason), letters
+    huge = next(d for d in letters if d["reason"] == "empty_value")
+    assert huge["key_truncated"] is True and huge["key_size"] == 900_000 and len(huge["key"]) == 1024
+    messages = sorted(d["message"] for d in letters if d["reason"] == "unprintable")
+    assert "'card_id' holds U+0000 at position 3" in messages[0] and "'id' holds U+000A at position 6" in messages[1]
+    assert not any(d["key_truncated"] for d in letters if d["reason"] == "unprintable")
