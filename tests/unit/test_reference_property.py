@@ -484,3 +484,116 @@ def test_redelivery_at_the_replay_horizon(beyond_ms: int) -> None:
         assert isinstance(outcomes[1], Scored) and outcomes[1].features["count_3600"] == 2.0
         assert outcomes[3] == outcomes[1]
     check(events, outcomes)
+
+
+# --- isolation: hostile records among valid ones ------------------------------------------------------------
+
+DEAD_LETTER_REASONS = {"empty_value", "too_large", "invalid_json", "not_an_object", "missing_field", "wrong_type",
+                       "out_of_range", "not_finite", "unprintable"}
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)
+                           | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                        max_size=3), max_leaves=8)
+
+
+@st.composite
+def hostile_values(draw: st.DrawFn) -> bytes | None:
+    """A value no contract accepts: none or empty, bytes that are not JSON, JSON of any nesting that is not a
+    transaction (its id missing), a transaction whose id or card id holds an unprintable character."""
+    kind = draw(st.sampled_from(("none", "bytes", "nested", "near", "unprintable")))
+    if kind == "none":
+        return draw(st.sampled_from((None, b"")))
+    if kind == "bytes":
+        return b"\xff" + draw(st.binary(max_size=40))  # never UTF-8, so never JSON
+    near = {"id": "x", "card_id": "c0", "ts": T, "amount": 1.0, "merchant_id": "m0"}
+    if kind == "nested":
+        return orjson.dumps(draw(JSON_VALUES) if draw(st.booleans()) else {
+            k: draw(JSON_VALUES) for k in near if k != "id"})  # no id: never a transaction
+    if kind == "near":
+        field = draw(st.sampled_from(sorted(near)))
+        return orjson.dumps(near | {field: draw(st.sampled_from((None, "", [], {"a": [1]}, True, float("inf"), -1)))}
+                            | {"id": None})
+    bad = draw(st.sampled_from(("\x00", "\n", "\x7f", "\u200b", "\u2028")))
+    field = draw(st.sampled_from(("id", "card_id")))
+    return orjson.dumps(near | {field: f"c{bad}0"})
+
+
+async def run_mixed(scenario: Scenario, hostile: dict[int, list[tuple[bytes | None, bytes | None]]]
+                    ) -> tuple[list[Outcome], dict[int, str], list[int]]:
+    """Pipeline.handle over the scenario's events with the hostile records before the events they are keyed to
+    (on the same partition); return the events' outcomes, each hostile offset's dead-letter reason, the acks."""
+    tables, boundary = Tables(), FakeBoundary()
+    acked: list[int] = []
+    sent: list[tuple[str, bytes]] = []
+    loop = asyncio.get_running_loop()
+
+    async def send(batch: RecordBatch, topic: str, key: bytes | None, value: bytes) -> Awaitable[object]:
+        assert key is None or len(key) <= 1024
+        sent.append((topic, value))
+        delivered: asyncio.Future[object] = loop.create_future()
+        delivered.set_result(None)
+        return delivered
+
+    def failed(error: BaseException) -> None:
+        raise AssertionError(f"delivery failed: {error!r}")
+
+    def new_pipeline() -> Pipeline:
+        return Pipeline(cast("ModelBoundary[ScoringItem]", boundary), Outputs("pred", "dlq", "late", send),
+                        tables.new_cache(scenario.max_clean_cards), allowed_lateness_ms=LATENESS_MS,
+                        on_delivery_failure=failed)
+
+    offsets: dict[int, int] = {}  # event index -> its offset
+    hostile_offsets: set[int] = set()
+    pipeline, offset = new_pipeline(), 0
+    for partition, run in batches_of(scenario):
+        first = run[0][0]
+        if first in scenario.flush_before:
+            pipeline.cache.flush()
+        if first in scenario.restart_before:
+            pipeline.cache.flush()
+            pipeline = new_pipeline()
+        records = []
+        for index, ev in run:
+            for key, value in hostile.get(index, []):
+                records.append(Record("tx", partition, offset, 0, key, value))
+                hostile_offsets.add(offset)
+                offset += 1
+            records.append(Record("tx", partition, offset, 0, ev.card_id.encode(), orjson.dumps(
+                {"id": ev.id, "card_id": ev.card_id, "ts": ev.ts, "amount": ev.amount, "merchant_id": ev.merchant_id})))
+            offsets[index] = offset
+            offset += 1
+        await pipeline.handle(cast(Any, FakeBatch(partition, records, acked)))
+    await asyncio.sleep(0)
+    by_offset: dict[int, Outcome] = {}
+    reasons: dict[int, str] = {}
+    for topic, value in sent:
+        body = orjson.loads(value)
+        if topic == "dlq":
+            assert body["offset"] not in reasons, f"two dead letters for offset {body['offset']}"
+            reasons[body["offset"]] = body["reason"]
+        else:
+            assert topic == "late", topic
+            by_offset[body["offset"]] = Late(body["watermark"])
+    for item in boundary.items:
+        by_offset[item.record.offset] = Scored(dict(zip(NAMES, item.features, strict=True)))
+    assert set(reasons) == hostile_offsets, "every hostile record has one dead letter, and only they have"
+    return [by_offset[offsets[index]] for index in range(len(scenario.events))], reasons, acked
+
+
+@PROPERTY
+@given(scenarios(), st.data())
+def test_hostile_records_change_nothing_for_the_others_and_each_gets_a_dead_letter(
+        scenario: Scenario, data: st.DataObject) -> None:
+    """Arbitrary keys (bytes of any value, none, a megabyte) and hostile values among the valid records, with
+    redeliveries and flushes and restarts: every valid record gets exactly the reference's outcome, every hostile
+    one a dead letter with a reason, and Pipeline.handle never raises."""
+    keys = st.one_of(st.none(), st.binary(max_size=24), st.builds(bytes, st.just(1_000_000)))  # a megabyte of NUL
+    positions = data.draw(st.lists(st.tuples(st.integers(0, len(scenario.events) - 1), keys, hostile_values()),
+                                   max_size=12))
+    hostile: dict[int, list[tuple[bytes | None, bytes | None]]] = {}
+    for index, key, value in positions:
+        hostile.setdefault(index, []).append((key, value))
+    outcomes, reasons, acked = asyncio.run(run_mixed(scenario, hostile))
+    check(scenario.events, outcomes)
+    assert set(reasons.values()) <= DEAD_LETTER_REASONS, reasons
+    assert set(reasons) <= set(acked), "a dead-lettered record is acknowledged once its letter is delivered"
