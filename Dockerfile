@@ -19,6 +19,7 @@ COPY pyproject.toml README.md ./
 COPY app ./app
 COPY agents ./agents
 COPY tables ./tables
+COPY specs ./specs
 COPY models ./models
 COPY docker/wheels /tmp/wheels
 RUN if [ "$OFFLINE" = true ]; then \
