@@ -30,6 +30,7 @@ __all__ = [
     "JsonInput",
     "dead_letter",
     "dead_letter_key",
+    "headers_record",
     "late_record",
     "FeatureRecord",
     "decode_feature_record",
@@ -226,6 +227,22 @@ DEAD_LETTER_VALUE_BYTES = 16 * 1024
 # A dead letter's Kafka key is the original key cut to this, and so is the key inside it: an input record's
 # key can be as large as the broker accepts, and its dead letter (the key twice, escaped in JSON) must fit too.
 DEAD_LETTER_KEY_BYTES = 1024
+# A record's Kafka headers go into its dead letter or late record (names and base64 values) up to this many
+# bytes of names and values; the rest are left out and the record says so.
+HEADER_BYTES = 4096
+
+
+def headers_record(headers: Sequence[tuple[str, bytes | None]]) -> tuple[list[list[str | None]], bool]:
+    """A record's Kafka headers as JSON (``[name, base64 value]`` pairs, in order) and whether some were left out
+    (beyond ``HEADER_BYTES``)."""
+    kept: list[list[str | None]] = []
+    size = 0
+    for name, value in headers:
+        size += len(name) + (len(value) if value else 0)
+        if size > HEADER_BYTES:
+            return kept, True
+        kept.append([name, None if value is None else base64.b64encode(value).decode("ascii")])
+    return kept, False
 
 
 def dead_letter_key(key: bytes | None) -> bytes | None:
@@ -243,6 +260,7 @@ def dead_letter(
     value: bytes | None,
     routed_at_ms: int,
     max_value_bytes: int = DEAD_LETTER_VALUE_BYTES,
+    headers: Sequence[tuple[str, bytes | None]] = (),
 ) -> bytes:
     """Encode a dead-letter record: the reason, the source position and the original bytes.
 
@@ -257,6 +275,7 @@ def dead_letter(
     size = None if value is None else len(value)
     truncated = size is not None and size > max_value_bytes
     value_text, value_b64 = _text_or_base64(value[:max_value_bytes] if truncated and value else value)
+    kept_headers, headers_truncated = headers_record(headers)
     return orjson.dumps({
         "reason": invalid.reason,
         "message": invalid.message,
@@ -271,6 +290,8 @@ def dead_letter(
         "value_base64": value_b64,
         "value_size": size,
         "value_truncated": truncated,
+        "headers": kept_headers,
+        "headers_truncated": headers_truncated,
         "routed_at": routed_at_ms,
     })
 
@@ -322,6 +343,7 @@ def late_record(
     routed_at_ms: int,
     raw_is_json: bool = True,
     contract: Contract = DEFAULT_CONTRACT,
+    headers: Sequence[tuple[str, bytes | None]] = (),
 ) -> bytes:
     """Encode a late event: the original record, why it was not applied, and where it came from.
 
@@ -338,6 +360,8 @@ def late_record(
         "event": orjson.Fragment(raw) if raw_is_json else contract.fields_of(tx),
         "routed_at": routed_at_ms,
     }
+    if headers:
+        record["headers"], record["headers_truncated"] = headers_record(headers)
     if not raw_is_json:
         record["value_base64"] = base64.b64encode(raw).decode("ascii")
     return orjson.dumps(record)

@@ -86,6 +86,7 @@ class RawRecord(Protocol):
     timestamp: int
     key: bytes | None
     value: bytes | None
+    headers: Sequence[tuple[str, bytes]]  # carried into dead letters and late records, so a replay keeps them
 
 
 Acker = Callable[[Sequence[int]], object]

@@ -152,7 +152,7 @@ class Pipeline:
                     metrics.dead_letters.labels(tx.reason).inc()
                 await self._route(batch, record, "dead_letter", self._outputs.dlq_topic, dead_letter(
                     tx, topic=record.topic, partition=record.partition, offset=record.offset,
-                    key=record.key, value=record.value, routed_at_ms=_now_ms()))
+                    key=record.key, value=record.value, routed_at_ms=_now_ms(), headers=record.headers))
                 continue
             state = cache.state(partition, tx.key)
             # A redelivered event already in its key's state is scored again (same features) even if
@@ -165,7 +165,7 @@ class Pipeline:
                 await self._route(batch, record, "late", self._outputs.late_topic, late_record(
                     tx, raw=record.value, watermark=watermark.value, topic=record.topic,
                     partition=record.partition, offset=record.offset, routed_at_ms=_now_ms(),
-                    raw_is_json=record_format.text_input, contract=record_format.contract))
+                    raw_is_json=record_format.text_input, contract=record_format.contract, headers=record.headers))
                 continue
             if watermark.observe(tx.ts):
                 cache.touch_watermark(partition)
@@ -232,7 +232,7 @@ class Pipeline:
                 value = dead_letter(
                     Invalid("inference_error", f"inference failed: {error}"), topic=record.topic,
                     partition=record.partition, offset=record.offset, key=record.key, value=record.value,
-                    routed_at_ms=_now_ms())
+                    routed_at_ms=_now_ms(), headers=record.headers)
                 deliveries.append(await outputs.send(item.batch, outputs.dlq_topic, dead_letter_key(record.key), value))
                 continue
             key = item.tx.key.encode()

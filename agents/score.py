@@ -19,7 +19,7 @@ import functools
 import gc
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
 import faust
@@ -510,12 +510,15 @@ class BatchIngestion:
 class _StreamRecord:
     """A Faust message as the pipeline's raw record (timestamp in milliseconds)."""
 
-    __slots__ = ("topic", "partition", "offset", "timestamp", "key", "value")
+    __slots__ = ("headers", "key", "offset", "partition", "timestamp", "topic", "value")
 
     def __init__(self, topic: str, partition: int, offset: int, timestamp: int,
-                 key: bytes | None, value: bytes | None) -> None:
+                 key: bytes | None, value: bytes | None, headers: Any) -> None:
         self.topic, self.partition, self.offset = topic, partition, offset
         self.timestamp, self.key, self.value = timestamp, key, value
+        # Faust hands headers over as a list of (name, value) pairs, or as a mapping.
+        pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+        self.headers: Sequence[tuple[str, bytes]] = [(str(name), value) for name, value in pairs]
 
 
 def _acker(event: EventT) -> ingest.Acker:
@@ -535,5 +538,5 @@ class StreamIngestion:
             async for event in stream.noack().events():
                 msg = event.message
                 record = _StreamRecord(msg.topic, msg.partition, msg.offset, int((msg.timestamp or 0) * 1000),
-                                       msg.key, msg.value)
+                                       msg.key, msg.value, msg.headers)
                 await pipeline.handle(ingest.RecordBatch(msg.topic, msg.partition, [record], _acker(event)))

@@ -132,12 +132,13 @@ async def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
         await consumer.stop()
 
 
-async def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:
-    """Send (key, value) records in order and wait for every ack."""
+async def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[Any, ...]]) -> int:
+    """Send (key, value) or (key, value, headers) records in order and wait for every ack."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
     try:
-        futures = [await producer.send(topic, value, key=key) for key, value in records]
+        futures = [await producer.send(topic, record[1], key=record[0], headers=record[2] if len(record) > 2 else None)
+                   for record in records]
         await asyncio.gather(*futures)
     finally:
         await producer.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 from pathlib import Path
 
@@ -33,7 +34,8 @@ def test_huge_keys_and_unprintable_ids_are_dead_lettered_and_the_worker_stays_up
         (b"c-1\x00c0", orjson.dumps(dict(template, id="hi-nul-card", card_id="c-1\x00c0")), "unprintable"),
         (b"c-2", orjson.dumps(dict(template, id="hi-new\nline", card_id="c-2")), "unprintable"),
     ]
-    records = [encode(tx) for tx in valid[:150]] + [(key, value) for key, value, reason in hostile if reason]
+    headers = [("trace-id", b"\x00\x01t-9"), ("source", b"pos-7")]
+    records = [encode(tx) for tx in valid[:150]] + [(key, value, headers) for key, value, reason in hostile if reason]
     # Last: its event time is the stream's newest, which raises its partition's watermark.
     records += [encode(tx) for tx in valid[150:]] + [(key, value) for key, value, reason in hostile if not reason]
     asyncio.run(produce_raw(kafka_bootstrap, topics.input, records))
@@ -56,3 +58,6 @@ def test_huge_keys_and_unprintable_ids_are_dead_lettered_and_the_worker_stays_up
     messages = sorted(d["message"] for d in letters if d["reason"] == "unprintable")
     assert "'card_id' holds U+0000 at position 3" in messages[0] and "'id' holds U+000A at position 6" in messages[1]
     assert not any(d["key_truncated"] for d in letters if d["reason"] == "unprintable")
+    # Each letter keeps its record's Kafka headers, so a replay can send them again.
+    assert all(d["headers"] == [["trace-id", base64.b64encode(b"\x00\x01t-9").decode()],
+                                ["source", base64.b64encode(b"pos-7").decode()]] for d in letters), letters

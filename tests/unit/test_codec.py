@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from agents.codec import (
     DEAD_LETTER_KEY_BYTES,
     DEFAULT_CONTRACT,
+    HEADER_BYTES,
     MAX_RECORD_BYTES,
     Event,
     FeatureRecord,
@@ -26,6 +27,7 @@ from agents.codec import (
     dead_letter_key,
     decode_feature_record,
     feature_record,
+    headers_record,
     late_record,
 )
 from tables.features import DEFAULT_SPEC
@@ -332,8 +334,29 @@ def test_dead_letter_fields() -> None:
         "value_base64": False,
         "value_size": 7,
         "value_truncated": False,
+        "headers": [],
+        "headers_truncated": False,
         "routed_at": 1_764_500_000_999,
     }
+
+
+def test_dead_letters_and_late_records_carry_the_record_s_headers_for_a_replay() -> None:
+    """Kafka headers (names, base64 values, a null value, in order) go into the dead letter and the late record,
+    up to HEADER_BYTES of them; beyond, the rest are left out and the record says so."""
+    headers = [("trace-id", b"\x00\x01abc"), ("source", b"pos-7"), ("empty", None)]
+    letter = orjson.loads(dead_letter(Invalid("invalid_json", "x"), topic="t", partition=0, offset=1, key=None,
+                                      value=b"{", routed_at_ms=1, headers=headers))
+    assert [[name, None if value is None else base64.b64decode(value)] for name, value in letter["headers"]] == [
+        ["trace-id", b"\x00\x01abc"], ["source", b"pos-7"], ["empty", None]]
+    assert letter["headers_truncated"] is False
+    late = orjson.loads(late_record(make_tx(), raw=b'{"id": "tx-9"}', watermark=TS, topic="t", partition=0, offset=2,
+                                    routed_at_ms=1, headers=headers))
+    assert late["headers"] == letter["headers"] and late["headers_truncated"] is False
+    many = [(f"h{i}", b"v" * 100) for i in range(100)]
+    kept, truncated = headers_record(many)
+    assert truncated and 0 < len(kept) < 100 and sum(len(n) + 100 for n, _ in kept) <= HEADER_BYTES
+    assert "headers" not in orjson.loads(late_record(make_tx(), raw=b"{}", watermark=TS, topic="t", partition=0,
+                                                     offset=3, routed_at_ms=1))
 
 
 @pytest.mark.parametrize("fill", [b"k", b"\x00", b"\xff"])

@@ -313,6 +313,7 @@ class Record:
     timestamp: int
     key: bytes | None
     value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class FakeBoundary:
