@@ -2,7 +2,9 @@
 
 One key (``deployment``), the newest record wins: compaction keeps it, a worker that starts later
 reads it first, and ``seam model ...`` commands read it, change it (:mod:`agents.deployment`) and
-write the next revision. Workers read it with a consumer of their own, outside the consumer group:
+write the next revision. Revisions only increase: a record whose revision is not above the highest read
+so far (an old record written again, a producer other than ``seam model``) is refused like an unusable
+one, and the models served stay. Workers read it with a consumer of their own, outside the consumer group:
 every replica reads every record.
 """
 
@@ -46,6 +48,7 @@ class ControlFollower:
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.bootstrap, self.topic = bootstrap, topic
         self._consumer: AIOKafkaConsumer | None = None
+        self.highest_revision: int | None = None  # of the deployments read so far
 
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
@@ -75,7 +78,7 @@ class ControlFollower:
                 raise TimeoutError(f"reading the control topic {self.topic!r} took over {timeout_s:.0f} s")
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 for record in records:
-                    latest = _parse(record.key, record.value, latest)
+                    latest = self._read(record.key, record.value, latest)
         return latest
 
     async def next(self, timeout_s: float = 1.0) -> Deployment | DeploymentError | None:
@@ -84,8 +87,26 @@ class ControlFollower:
         latest: Deployment | DeploymentError | None = None
         for records in (await consumer.getmany(timeout_ms=int(timeout_s * 1000))).values():
             for record in records:
-                latest = _parse(record.key, record.value, latest)
+                latest = self._read(record.key, record.value, latest)
         return latest
+
+    def _read(self, key: bytes | None, value: bytes | None,
+              latest: Deployment | DeploymentError | None) -> Deployment | DeploymentError | None:
+        """The deployment a record makes the newest one: its own, or a refusal (an unusable record), or
+        ``latest`` again for a record of another key. A revision not above the highest read so far leaves
+        ``latest`` the newest when it is a deployment (a worker starting reads past it to what the others
+        serve), else it is a refusal (a running worker reports it and keeps its models)."""
+        parsed = _parse(key, value, latest)
+        if parsed is latest or not isinstance(parsed, Deployment):
+            return parsed
+        highest = self.highest_revision
+        if highest is not None and parsed.revision <= highest:
+            refusal = DeploymentError(f"revision {parsed.revision} does not follow revision {highest}: "
+                                      "deployment revisions only increase (seam model writes the next one)")
+            logger.warning("control topic: %s; revision %d stays the newest", refusal, highest)
+            return latest if isinstance(latest, Deployment) else refusal
+        self.highest_revision = parsed.revision
+        return parsed
 
     def _require(self) -> AIOKafkaConsumer:
         if self._consumer is None:
