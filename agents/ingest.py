@@ -258,6 +258,12 @@ class BatchConsumer(FaustConsumer):
         return _TunedConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        if self.should_stop or self.app.should_stop:
+            # A rebalance that completes while the worker stops (its revoke hook outlasted a SIGTERM): the
+            # tables, recovery and fetcher it would restart are stopping, and the consumer thread's stop
+            # waits for this callback. The partitions go to the others once this member leaves the group.
+            logger.info("partitions assigned while stopping: not taken up (%d)", len(assigned))
+            return
         # Before Faust's own handling, which starts the restores (reading the changelogs' end
         # offsets) and then seeks to the committed offsets: exactly once waits here until the
         # previous owner's transactions are complete, so both read what that owner committed.
