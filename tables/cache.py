@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager
 from typing import TypeVar
 
 from tables.features import DEFAULT_SPEC, FeatureSpec, KeyState, Watermark, memory_bytes, new_state
-from tables.key_store import Stored, events_held
+from tables.key_store import Packed, Stored, events_held, held_of
 from tables.spec import layout_change
 
 __all__ = ["StateCache", "StateLayoutError"]
@@ -78,7 +78,7 @@ class StateCache:
         self._lateness_ms = allowed_lateness_ms
         self._max_clean_bytes = max_clean_bytes
         self._states: dict[int, dict[str, KeyState]] = {}
-        self._stored: dict[int, dict[str, Stored]] = {}
+        self._stored: dict[int, dict[str, Packed]] = {}  # what the table holds of each (Stored.packed)
         self._dirty: dict[int, dict[str, set[int]]] = {}  # partition -> key -> times of the events applied
         self._watermarks: dict[int, Watermark] = {}
         self._dirty_watermarks: set[int] = set()
@@ -151,7 +151,7 @@ class StateCache:
         if state["ts"]:
             self._raise_watermark(partition, state["ts"][-1])
         self._states.setdefault(partition, {})[key] = state
-        self._stored.setdefault(partition, {})[key] = stored
+        self._stored.setdefault(partition, {})[key] = stored.packed()
         return state
 
     def _raise_watermark(self, partition: int, key_max_ts: int) -> None:
@@ -254,9 +254,10 @@ class StateCache:
             for key, touched in keys:
                 state = cached.get(key)
                 if state is not None:
-                    written = stored[key]
+                    written = Stored.unpacked(stored[key])
                     held = written.held
                     writes += self._store_state(key, state, written, touched)
+                    stored[key] = written.packed()
                     self.last_events_held += written.held - held
                     self.last_bytes_held += memory_bytes(written.held) - memory_bytes(held)
         return writes
@@ -318,8 +319,8 @@ class StateCache:
                     break
                 if key not in dirty:  # clean: it holds what was last written (or loaded)
                     victims.append(key)
-                    events -= stored[key].held
-                    held -= memory_bytes(stored[key].held)
+                    events -= held_of(stored[key])
+                    held -= memory_bytes(held_of(stored[key]))
             for key in victims:
                 del cached[key]
                 stored.pop(key, None)

@@ -7,12 +7,19 @@ feature describes the moment of the event it scores, whatever the arrival order.
 computes over ``S_W`` is declared in :data:`tables.spec.OPERATIONS`; a spec (:class:`tables.spec.FeatureSpec`)
 names the features, in model order.
 
-State per key is one small JSON-friendly dict (a Faust table value) of parallel lists sorted by
-event time (ties in arrival order)::
+State per key is one small JSON-friendly dict of parallel columns sorted by event time (ties in
+arrival order)::
 
     {"n": <arrival counter>, "prev": <max ts evicted, or None>, "pv": <that event's values, or None>,
-     "ts": [ms, ...], "id": [event_id, ...], "seq": [arrival number, ...],
-     "values": [[value, ...], ...]}
+     "ts": (ms, ...), "id": (event_id, ...), "seq": (arrival number, ...),
+     "values": ((value, ...), ...)}
+
+The columns are tuples: CPython's cyclic collector untracks a tuple of numbers and strings, so a
+full collection walks one object per cached key, not every value of every key (with lists, 410 ms
+for 88,000 keys of 8 events; with tuples, 50 ms). An event is inserted by rebuilding each column (a
+C-level copy: 3 µs more per event at 21 events held than a list insert). A hot key, one with a
+window index (below), holds lists instead, changed in place as the index follows them; a state as
+JSON gives it (lists) is served as it is.
 
 ``values`` holds one column per field the spec's features read (``spec.stored``, in that order). A new
 event is inserted with ``bisect``; every event already in the state arrived before it, so its
@@ -48,7 +55,7 @@ window. The index changes no result: the reference tests run with every key hot 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from math import fsum, sqrt
 from typing import Any
@@ -57,33 +64,60 @@ from specs import EXAMPLE_SPEC
 from tables.spec import FeatureSpec, feature_set_version, load_spec
 
 __all__ = [
-    "DEFAULT_SPEC", "HOT_EVENTS", "Applied", "KeyState", "FeatureSpec", "Watermark", "apply_event", "event_ids",
-    "feature_set_version", "has_event",
+    "DEFAULT_SPEC", "HOT_EVENTS", "Applied", "KeyState", "FeatureSpec", "Watermark", "apply_event", "as_lists",
+    "compact", "event_ids", "feature_set_version", "has_event",
     "latest_features", "memory_bytes", "new_state", "replayable", "upgrade_state",
 ]
 
 HOT_EVENTS = 96  # a key holding this many events gets a _WindowIndex (below, slices are as fast)
 # What a key's state costs in memory, measured with tracemalloc on decoded states of the example spec
-# (synthetic keys: ids of about 20 characters, interned merchants): the dict, its lists and the cache's
-# entries; each event held (five list slots, its id, time, amount and arrival number); an indexed
-# event's share of the index (an id-set slot, a prefix sum). tests/unit/test_key_store.py holds them
-# to the measure.
+# (synthetic keys: ids of about 20 characters, interned merchants): the dict, its columns and the cache's
+# entries; each event held (five column slots, its id, time, amount and arrival number); an indexed
+# event's share of the index (an id-set slot, a prefix sum; its columns are lists then).
+# tests/unit/test_key_store.py holds them to the measure.
 KEY_BYTES = 1_500
 EVENT_BYTES = 190
-INDEXED_EVENT_BYTES = 100
+INDEXED_EVENT_BYTES = 140
 
 # The example spec (specs/fraud.toml): what a worker computes unless SEAM_FEATURE_SPEC names another.
 DEFAULT_SPEC = load_spec(EXAMPLE_SPEC)
 
 
+_COLUMNS = ("ts", "id", "seq")
+
+
 class KeyState(dict[str, Any]):
-    """A key's state: a plain dict of columns (what is stored), plus its in-memory window index."""
+    """A key's state: a plain dict of columns (what is stored), plus its in-memory window index.
+
+    Columns are tuples (:func:`compact`), or lists while a window index follows them; two states are
+    equal when they hold the same values, whichever.
+    """
 
     __slots__ = ("index",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.index: _WindowIndex | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, dict):
+            return NotImplemented
+        return _as_values(self) == _as_values(other)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _as_values(state: dict[str, Any]) -> dict[str, Any]:
+    plain = {name: list(value) if name in _COLUMNS else value for name, value in state.items()}
+    if "values" in state:
+        plain["values"] = [list(column) for column in state["values"]]
+    if state.get("pv") is not None:
+        plain["pv"] = list(state["pv"])
+    return plain
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +131,33 @@ class Applied:
 def new_state(width: int | FeatureSpec = DEFAULT_SPEC) -> KeyState:
     """Return the state of a key that has seen nothing: ``width`` value columns (or a spec's ``stored`` fields)."""
     columns = len(width.stored) if isinstance(width, FeatureSpec) else width
-    return KeyState(n=0, prev=None, pv=None, ts=[], id=[], seq=[], values=[[] for _ in range(columns)])
+    return KeyState(n=0, prev=None, pv=None, ts=(), id=(), seq=(), values=((),) * columns)
+
+
+def compact(state: KeyState) -> KeyState:
+    """Hold ``state``'s columns as tuples (unless it has a window index, whose key keeps lists); return it.
+
+    What the cyclic garbage collector does not walk: a tuple of numbers and strings is untracked by the
+    first collection that sees it, so a cached key costs a full collection one object, not one per column
+    (a full collection walked every element of every cached key's lists: 0.7 s for 88,000 keys).
+    """
+    if type(state) is KeyState and state.index is not None:
+        return state
+    for name in _COLUMNS:
+        if type(state[name]) is not tuple:
+            state[name] = tuple(state[name])
+    state["values"] = tuple(column if type(column) is tuple else tuple(column) for column in state["values"])
+    if state["pv"] is not None and type(state["pv"]) is not tuple:
+        state["pv"] = tuple(state["pv"])
+    return state
+
+
+def as_lists(state: KeyState) -> None:
+    """Hold ``state``'s columns as lists: a hot key's, changed in place while its window index follows them."""
+    for name in _COLUMNS:
+        if type(state[name]) is not list:
+            state[name] = list(state[name])
+    state["values"] = [column if type(column) is list else list(column) for column in state["values"]]
 
 
 def upgrade_state(state: dict[str, Any]) -> KeyState:
@@ -106,16 +166,17 @@ def upgrade_state(state: dict[str, Any]) -> KeyState:
     if "ev" in state:
         rows = sorted(state["ev"], key=lambda row: (row[1], row[0]))  # [seq, ts, amount, merchant, id]
         upgraded = new_state(2)
+        as_lists(upgraded)
         upgraded["n"], upgraded["prev"] = state["n"], state["prev"]
         for seq, ts, amount, merchant, event_id in rows:
             for column, value in zip((upgraded["ts"], upgraded["values"][0], upgraded["values"][1], upgraded["id"],
                                       upgraded["seq"]), (ts, amount, merchant, event_id, seq), strict=True):
                 column.append(value)
-        return upgraded
+        return compact(upgraded)
     if "amt" in state:
-        return KeyState(n=state["n"], prev=state["prev"], pv=None, ts=state["ts"], id=state["id"],
-                         seq=state["seq"], values=[state["amt"], state["mer"]])
-    return state if isinstance(state, KeyState) else KeyState(state)
+        return compact(KeyState(n=state["n"], prev=state["prev"], pv=None, ts=state["ts"], id=state["id"],
+                                seq=state["seq"], values=[state["amt"], state["mer"]]))
+    return compact(state if isinstance(state, KeyState) else KeyState(state))
 
 
 def event_ids(state: KeyState) -> list[str]:
@@ -145,20 +206,34 @@ def apply_event(
     ``values``: the event's values of ``spec.stored``, in that order (numbers as floats).
     """
     plan = _plan_of(spec)
-    ids: list[str] = state["id"]
-    times: list[int] = state["ts"]
-    index = _index_of(state, plan) if len(times) >= HOT_EVENTS and type(state) is KeyState else None
+    index = _index_of(state, plan) if len(state["ts"]) >= HOT_EVENTS and type(state) is KeyState else None
+    ids: Sequence[str] = state["id"]
     if event_id in (ids if index is None else index.ids):
         return Applied(_replayed_features(state, ids.index(event_id), plan), True)
     state["n"] += 1
+    times: Sequence[int] = state["ts"]
     pos = bisect_right(times, ts_ms)
-    times.insert(pos, ts_ms)
-    ids.insert(pos, event_id)
-    state["seq"].insert(pos, state["n"])
-    for column, value in zip(state["values"], values, strict=True):
-        column.insert(pos, value)
-    if index is not None:
-        index.insert(state, pos)
+    if type(times) is tuple:  # (see compact): each column rebuilt, a C-level copy of what the key holds
+        seqs = state["seq"]
+        if pos == len(times):  # in order: most events
+            state["ts"] = times = times + (ts_ms,)
+            state["id"] = state["id"] + (event_id,)
+            state["seq"] = seqs + (state["n"],)
+            state["values"] = tuple([column + (value,) for column, value in zip(state["values"], values, strict=True)])
+        else:
+            state["ts"] = times = (*times[:pos], ts_ms, *times[pos:])
+            state["id"] = (*ids[:pos], event_id, *ids[pos:])
+            state["seq"] = (*seqs[:pos], state["n"], *seqs[pos:])
+            state["values"] = tuple([(*column[:pos], value, *column[pos:])
+                                     for column, value in zip(state["values"], values, strict=True)])
+    else:  # lists: a hot key's, or a state as JSON gives it
+        times.insert(pos, ts_ms)  # type: ignore[attr-defined]
+        ids.insert(pos, event_id)  # type: ignore[attr-defined]
+        state["seq"].insert(pos, state["n"])
+        for column, value in zip(state["values"], values, strict=True):
+            column.insert(pos, value)
+        if index is not None:
+            index.insert(state, pos)
     pos = _evict(state, pos, times[-1] - allowed_lateness_ms - 2 * spec.max_window_ms, index)
     if index is None or state.index is None:
         return Applied(plan.sliced(state, pos), False)
@@ -289,7 +364,11 @@ def _index_of(state: KeyState, plan: _Plan) -> _WindowIndex | None:
     index = state.index
     if index is not None and index.plan is plan and index.fits(state):
         return index
-    state.index = index = _WindowIndex(state, plan) if state["ts"] else None
+    if state["ts"]:
+        as_lists(state)
+        state.index = index = _WindowIndex(state, plan)
+    else:
+        state.index = index = None
     return index
 
 
@@ -299,29 +378,33 @@ def _evict(state: KeyState, pos: int, cutoff: int, index: _WindowIndex | None) -
     Removing from the front of the columns moves what they hold, so a large state evicts once a
     1/32 of it is due, not at every event: events below the cutoff are in no window and no replay.
     """
-    times: list[int] = state["ts"]
+    times: Sequence[int] = state["ts"]
     count = bisect_right(times, cutoff)
     if count <= len(times) >> 5:
         return pos
-    columns = [times, state["id"], state["seq"], *state["values"]]
     if pos < count:
         # The event just applied is itself that old (replayed after its watermark was lost): it stays
         # until the next event, because its own windows must contain it.
         keep = [i for i in range(len(times)) if i >= count or i == pos]
         others = [i for i in range(count) if i != pos]
         newest = max(others, key=lambda i: (times[i], i)) if others else None
-        evicted = None if newest is None else (times[newest], [column[newest] for column in state["values"]])
-        for column in columns:
-            column[:] = [column[i] for i in keep]
+        evicted = None if newest is None else (times[newest], tuple(column[newest] for column in state["values"]))
+        for name in _COLUMNS:
+            state[name] = type(state[name])(state[name][i] for i in keep)
+        state["values"] = type(state["values"])(type(column)(column[i] for i in keep) for column in state["values"])
         new_pos = 0
         if index is not None:
             state.index = None  # rare: rebuilt at the key's next event
     else:
-        evicted = (times[count - 1], [column[count - 1] for column in state["values"]])
+        evicted = (times[count - 1], tuple(column[count - 1] for column in state["values"]))
         if index is not None:
             index.evict(state, count)
-        for column in columns:
-            del column[:count]
+        if type(times) is tuple:
+            state["ts"], state["id"], state["seq"] = times[count:], state["id"][count:], state["seq"][count:]
+            state["values"] = tuple([column[count:] for column in state["values"]])
+        else:
+            for column in (times, state["id"], state["seq"], *state["values"]):
+                del column[:count]
         new_pos = pos - count
     if evicted is not None and (state["prev"] is None or evicted[0] >= state["prev"]):
         state["prev"], state["pv"] = evicted

@@ -50,9 +50,10 @@ from typing import Any
 
 import orjson
 
-from tables.features import KeyState, new_state, upgrade_state
+from tables.features import KeyState, as_lists, compact, new_state, upgrade_state
 
-__all__ = ["CHUNK_EVENTS", "Stored", "chunk_key", "changes", "decode", "decode_many", "events_held", "stored_key"]
+__all__ = ["CHUNK_EVENTS", "Packed", "Stored", "held_of",
+           "chunk_key", "changes", "decode", "decode_many", "events_held", "stored_key"]
 
 CHUNK_EVENTS = 32
 _SEPARATOR = b"\x00"  # a stored key has none alone (stored_key doubles them)
@@ -71,6 +72,27 @@ class Stored:
     n: int = 0  # the arrival counter and the events held at the last write: fewer held than written
     held: int = 0  # plus arrived since means eviction happened
     legacy: list[bytes] | None = None  # an earlier layout: rewrite it all, then delete these keys
+
+    def packed(self) -> Packed:
+        """As tuples, which the cyclic garbage collector does not walk: how a cache holds it between writes."""
+        return (tuple(map(tuple, self.chunks)), self.tail, self.next_chunk, self.n, self.held,
+                None if self.legacy is None else tuple(self.legacy))
+
+    @classmethod
+    def unpacked(cls, packed: Packed) -> Stored:
+        """The :class:`Stored` that :meth:`packed` gave ``packed``."""
+        chunks, tail, next_chunk, n, held, legacy = packed
+        return cls([list(chunk) for chunk in chunks], tail, next_chunk, n, held,
+                   None if legacy is None else list(legacy))
+
+
+# Stored.packed(): chunks, tail, next chunk, n, held, legacy
+Packed = tuple[tuple[tuple[int, ...], ...], int | None, int, int, int, tuple[bytes, ...] | None]
+
+
+def held_of(packed: Packed) -> int:
+    """The events a key held at its last write, from its packed :class:`Stored`."""
+    return packed[4]
 
 
 def stored_key(key: str) -> bytes:
@@ -117,11 +139,12 @@ def _decode(meta: dict[str, Any], get: Callable[[bytes], bytes | None], state_ke
         state = upgrade_state(meta)
         return state, Stored(n=state["n"], held=len(state["ts"]), legacy=[])
     state = new_state(2 if version == 2 else len(meta["e"]) - 3)  # the layout of per-minute buckets had two
+    as_lists(state)  # filled in place, then compacted
     state["n"], state["prev"], state["pv"] = meta["n"], meta["prev"], meta.get("pv")
     if version == 2:
         keys = [state_key + _SEPARATOR + str(bucket).encode() for bucket in sorted(meta["b"])]
         legacy = [key for key in keys if _extend(state, get(key))]
-        return state, Stored(n=state["n"], held=len(state["ts"]), legacy=legacy)
+        return compact(state), Stored(n=state["n"], held=len(state["ts"]), legacy=legacy)
     chunks = []
     for first, last in meta["c"]:
         for number in range(first, last + 1):
@@ -134,7 +157,7 @@ def _decode(meta: dict[str, Any], get: Callable[[bytes], bytes | None], state_ke
     _extend_columns(state, meta["e"])
     if state["seq"]:
         state["n"] = max(state["n"], max(state["seq"]))
-    return state, Stored(chunks, meta["t"], meta["k"], state["n"], len(state["ts"]))
+    return compact(state), Stored(chunks, meta["t"], meta["k"], state["n"], len(state["ts"]))
 
 
 def _extend(state: KeyState, value: bytes | None) -> bool:

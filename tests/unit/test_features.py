@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import random
@@ -22,6 +23,7 @@ from tables.features import (
     KeyState,
     Watermark,
     apply_event,
+    compact,
     has_event,
     new_state,
     replayable,
@@ -451,11 +453,34 @@ def test_duplicate_of_first_event(card: Callable[..., tuple[KeyState, Apply]]) -
 
 
 def test_new_state_shape() -> None:
-    """A new state is empty and independent of other new states."""
-    a, b = new_state(), new_state()
-    assert a == {"n": 0, "prev": None, "pv": None, "ts": [], "id": [], "seq": [], "values": [[], []]}
-    a["ts"].append(1)
-    assert b["ts"] == []
+    """A new state is empty: tuples, one per column (nothing shared that a change could reach)."""
+    assert new_state() == {"n": 0, "prev": None, "pv": None, "ts": (), "id": (), "seq": (), "values": ((), ())}
+
+
+def test_a_quiet_keys_state_is_one_object_to_the_garbage_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below HOT_EVENTS a state's columns are tuples of numbers and strings, which the cyclic collector
+    untracks: a full collection walks the state's dict, not every value it holds. A hot key keeps lists
+    (its window index follows them in place) and gets tuples back once it is compacted without one."""
+    monkeypatch.setattr(features, "HOT_EVENTS", 96)
+    rng = random.Random(8)
+    state = new_state()
+    for i in range(95):  # out of order, and over 2 h: eviction (and "pv") along the way
+        ts = T + i * 90 * S - rng.randrange(0, LATENESS_MS)
+        apply_event(state, f"e{i}", ts, (float(i), f"m{i % 3}"), allowed_lateness_ms=LATENESS_MS)
+    assert state["prev"] is not None
+    gc.collect()
+    gc.collect()  # the second: a tuple of tuples is untracked once those it holds are
+    parts = [state[name] for name in ("ts", "id", "seq", "values", "pv")] + list(state["values"])
+    assert gc.is_tracked(state) and not any(gc.is_tracked(part) for part in parts)
+    hot = new_state()
+    for i in range(97):
+        apply_event(hot, f"e{i}", T + i * S, (float(i), "m"), allowed_lateness_ms=LATENESS_MS)
+    assert hot.index is not None and type(hot["ts"]) is list
+    hot.index = None
+    compact(hot)
+    gc.collect()
+    gc.collect()
+    assert not gc.is_tracked(hot["ts"]) and not gc.is_tracked(hot["values"])
 
 
 def test_state_survives_a_json_round_trip() -> None:
@@ -482,7 +507,7 @@ def test_state_survives_a_json_round_trip() -> None:
         )
         assert a == b
     assert plain["prev"] is not None  # eviction happened along the way
-    assert json.loads(json.dumps(plain)) == plain
+    assert json.loads(json.dumps(plain)) == json.loads(json.dumps(through_json))  # tuples (plain), lists (JSON)
 
 
 def test_eviction_keeps_state_bounded() -> None:
@@ -683,7 +708,7 @@ def test_state_written_by_an_earlier_layout_is_upgraded_and_keeps_its_results() 
     old = {"n": 3, "prev": T - 10 * S, "ev": [[1, T, 5.0, "m1", "a"], [2, T + 30 * S, 7.0, "m2", "b"],
                                               [3, T + 10 * S, 1.0, "m1", "c"]]}
     state = upgrade_state(json.loads(json.dumps(old)))
-    assert state["ts"] == [T, T + 10 * S, T + 30 * S] and state["seq"] == [1, 3, 2]
+    assert state["ts"] == (T, T + 10 * S, T + 30 * S) and state["seq"] == (1, 3, 2)
     assert upgrade_state(state) is state  # current layout passes through
     fresh = new_state()
     fresh["prev"] = T - 10 * S
@@ -731,7 +756,7 @@ def test_indexed_windows_give_exactly_the_sliced_features(seed: int, monkeypatch
     for hot_events in (1, 2, 48):
         indexed, indexed_state = _outcomes(events, hot_events, monkeypatch)
         assert indexed == sliced, f"HOT_EVENTS={hot_events}"
-        assert indexed_state == sliced_state
+        assert json.dumps(indexed_state) == json.dumps(sliced_state)  # lists (hot) or tuples alike
 
 
 def test_window_maximum_below_a_later_higher_event(monkeypatch: pytest.MonkeyPatch) -> None:
