@@ -28,8 +28,10 @@ __all__ = [
     "Event",
     "Invalid",
     "JsonInput",
+    "Original",
     "dead_letter",
     "dead_letter_key",
+    "original_of",
     "headers_record",
     "late_record",
     "FeatureRecord",
@@ -294,6 +296,30 @@ def dead_letter(
         "headers_truncated": headers_truncated,
         "routed_at": routed_at_ms,
     })
+
+
+@dataclass(frozen=True, slots=True)
+class Original:
+    """The input record a dead letter keeps, as it was: what a replay sends again."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def original_of(letter: dict[str, Any]) -> Original | str:
+    """The record a dead letter (:func:`dead_letter`'s JSON) was made from, or why it cannot be sent again whole
+    (its key or value was cut to fit, or its headers)."""
+    for part in ("key", "value", "headers"):
+        if letter.get(f"{part}_truncated"):
+            return f"{part}_truncated"
+
+    def raw(text: str | None, b64: bool) -> bytes | None:
+        return None if text is None else base64.b64decode(text) if b64 else text.encode("utf-8")
+
+    headers = [(name, None if value is None else base64.b64decode(value)) for name, value in letter.get("headers", [])]
+    return Original(raw(letter.get("key"), bool(letter.get("key_base64"))),
+                    raw(letter.get("value"), bool(letter.get("value_base64"))), headers)
 
 
 _FEATURE_HEADER = struct.Struct("<B6sqH")  # format, feature-set digest, event time (ms), feature count

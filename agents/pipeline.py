@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from agents.boundary import BatchResult
@@ -73,6 +74,14 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _when(ms: int) -> str:
+    """Epoch milliseconds as UTC ISO-8601 (the milliseconds themselves where no calendar date holds them)."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except (OverflowError, ValueError, OSError):
+        return f"{ms} ms"
+
+
 class Pipeline:
     """Per-partition event-time routing and feature state in front of the model boundary."""
 
@@ -87,7 +96,12 @@ class Pipeline:
         write_through: bool = False,
         metrics: BoundaryMetrics | None = None,
         record_format: RecordFormat | None = None,
+        max_future_ms: int = 0,
+        max_past_ms: int = 0,
     ) -> None:
+        """``max_future_ms``, ``max_past_ms``: how far an event time may lie ahead of (behind) its record's Kafka
+        timestamp (0: no bound); beyond, the record is a dead letter (``future_timestamp``, ``past_timestamp``)."""
+        self._max_future_ms, self._max_past_ms = max_future_ms, max_past_ms
         self.format = record_format or json_format()  # how records are decoded and outputs encoded
         self.spec = self.format.contract.spec  # the features computed, from the fields the format decodes
         self._metrics = metrics
@@ -144,7 +158,8 @@ class Pipeline:
                     await asyncio.sleep(0)
                     self._step_started = time.perf_counter()
             if not index % PREFETCH_RECORDS:
-                ahead = [decode(later.value) for later in records[index:index + PREFETCH_RECORDS]]
+                window = records[index:index + PREFETCH_RECORDS]
+                ahead = [self._in_time(decode(later.value), later) for later in window]
                 cache.prefetch(partition, [later.key for later in ahead if not isinstance(later, Invalid)])
             tx = ahead[index % PREFETCH_RECORDS]
             if isinstance(tx, Invalid):
@@ -177,6 +192,26 @@ class Pipeline:
             cache.flush()
         if items:
             await self._boundary.submit_many(items)
+
+    def _in_time(self, tx: Event | Invalid, record: RawRecord) -> Event | Invalid:
+        """``tx``, or why its event time is too far from its record's Kafka timestamp to be believed.
+
+        One record stamped in the far future would otherwise raise its partition's watermark past every
+        later event (all of them late, after a restart too: the watermark is in the changelog). The bound
+        is the record's own timestamp, not the worker's clock, so a redelivery meets the same verdict.
+        """
+        if isinstance(tx, Invalid) or record.timestamp <= 0:  # no Kafka timestamp (-1): nothing to hold it to
+            return tx
+        ahead_ms = tx.ts - record.timestamp
+        if self._max_future_ms and ahead_ms > self._max_future_ms:
+            return Invalid("future_timestamp", f"event time {_when(tx.ts)} is {ahead_ms / 1000:,.3f} s ahead of "
+                           f"the record's Kafka timestamp {_when(record.timestamp)}; SEAM_MAX_FUTURE_S allows "
+                           f"{self._max_future_ms / 1000:g} s")
+        if self._max_past_ms and -ahead_ms > self._max_past_ms:
+            return Invalid("past_timestamp", f"event time {_when(tx.ts)} is {-ahead_ms / 1000:,.3f} s behind the "
+                           f"record's Kafka timestamp {_when(record.timestamp)}; SEAM_MAX_PAST_S allows "
+                           f"{self._max_past_ms / 1000:g} s")
+        return tx
 
     async def _route(self, batch: RecordBatch, record: RawRecord, kind: str, topic: str, value: bytes) -> None:
         key = dead_letter_key(record.key) if kind == "dead_letter" else record.key

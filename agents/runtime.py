@@ -10,6 +10,8 @@ import hashlib
 import json
 import logging
 import os
+import stat
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["ModelContractError", "ModelFileError", "ModelInfo", "ModelRuntime", "DeviceUnavailableError",
+__all__ = ["ModelContractError", "ModelFileError", "ModelFiles", "ModelInfo", "ModelRuntime", "DeviceUnavailableError",
            "runtime_package"]
 
 logger = logging.getLogger(__name__)
@@ -44,7 +46,68 @@ class ModelFileError(ModelContractError):
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
-        self.reason = reason  # missing_file, sha256_mismatch or not_a_model
+        # missing_file, outside_model_dir, not_a_file, too_large, read_timeout, sha256_mismatch or not_a_model
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFiles:
+    """Which files a worker reads as models, and how: the rules a deployment record cannot bend.
+
+    A control record names a path and its hash, so the hash proves integrity, not who wrote it. A worker
+    therefore reads only regular files under ``root`` (SEAM_MODEL_DIR; resolved, so neither ``..`` nor a
+    link leads out of it) or the one file ``also`` (SEAM_MODEL_PATH), of at most ``max_bytes``, in chunks,
+    within ``timeout_s``: never a device, a FIFO or a file that does not end. ``root=None``: anywhere (a
+    command run on the operator's own file).
+    """
+
+    root: Path | None = None
+    also: Path | None = None
+    max_bytes: int = 512 << 20
+    timeout_s: float = 60.0
+
+    @classmethod
+    def under(cls, root: Path, also: Path | None = None, *, max_bytes: int = 512 << 20,
+              timeout_s: float = 60.0) -> ModelFiles:
+        return cls(root.resolve(), None if also is None else also.resolve(), max_bytes, timeout_s)
+
+    def allowed(self, path: Path | str) -> Path:
+        """``path`` resolved, if a deployment may name it; else :class:`ModelFileError` (``outside_model_dir``)."""
+        resolved = Path(path).resolve()
+        if self.root is None or resolved == self.also or resolved.is_relative_to(self.root):
+            return resolved
+        raise ModelFileError(f"model file {path} is outside SEAM_MODEL_DIR ({self.root}): a deployment names files "
+                             "there only", "outside_model_dir")
+
+    def read(self, path: Path | str) -> bytes:
+        """The bytes of an allowed regular file, read in chunks within the size and time bounds."""
+        resolved = self.allowed(path)
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(resolved, flags)  # non-blocking: opening a FIFO does not wait for a writer
+        except FileNotFoundError:
+            raise ModelFileError(f"model file {path} does not exist", "missing_file") from None
+        except OSError as exc:
+            raise ModelFileError(f"model file {path} cannot be read: {exc.strerror}", "missing_file") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > self.max_bytes:
+            os.close(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ModelFileError(f"model file {path} is not a regular file", "not_a_file")
+            raise ModelFileError(f"model file {path} is larger than SEAM_MAX_MODEL_MB ({self.max_bytes >> 20} MiB)",
+                                 "too_large")
+        with os.fdopen(fd, "rb", buffering=0) as handle:
+            deadline = time.monotonic() + self.timeout_s
+            chunks, total = [], 0
+            while chunk := handle.read(1 << 20):
+                total += len(chunk)
+                if total > self.max_bytes:  # it grew while being read
+                    raise ModelFileError(f"model file {path} is larger than SEAM_MAX_MODEL_MB "
+                                         f"({self.max_bytes >> 20} MiB)", "too_large")
+                if time.monotonic() > deadline:
+                    raise ModelFileError(f"model file {path} was not read within {self.timeout_s:g} s", "read_timeout")
+                chunks.append(chunk)
+        return b"".join(chunks)
 
 
 class DeviceUnavailableError(RuntimeError):
@@ -133,22 +196,20 @@ class ModelRuntime:
         device: str = "auto",
         threads: int = 1,
         sha256: str | None = None,
+        files: ModelFiles | None = None,
     ) -> ModelRuntime:
         """Open the model, check its contract against ``feature_names`` and report the provider.
 
-        With ``sha256`` the file's bytes must hash to it (a deployment names the file it means): they
-        are read once, hashed, and the session is built from those same bytes.
+        The file is read by ``files``' rules (:class:`ModelFiles`; by default a regular file anywhere, of
+        at most 512 MiB). With ``sha256`` its bytes must hash to it (a deployment names the file it means):
+        they are read once, hashed, and the session is built from those same bytes. A refusal never
+        says what the file holds instead: its message is shown on the worker's web views.
         """
         path = Path(path)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise ModelFileError(f"model file {path} does not exist", "missing_file") from None
-        except OSError as exc:
-            raise ModelFileError(f"model file {path} cannot be read: {exc}", "missing_file") from None
+        data = (files or ModelFiles()).read(path)
         digest = hashlib.sha256(data).hexdigest()
         if sha256 is not None and digest != sha256:
-            raise ModelFileError(f"model file {path} has SHA-256 {digest}, the deployment names {sha256}",
+            raise ModelFileError(f"model file {path} is not the file the deployment names (SHA-256 {sha256})",
                                  "sha256_mismatch")
         try:
             session = open_session(data, device, threads)

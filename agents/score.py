@@ -40,7 +40,7 @@ from agents.models import ModelSet
 from agents.monitor import InputPartition, Readiness, Restore, Snapshot, StatePartition, WorkerCollector, readiness
 from agents.outputs import OutputProducer
 from agents.pipeline import Outputs, Pipeline, ScoringItem, Send
-from agents.runtime import ModelFileError, ModelInfo, ModelRuntime
+from agents.runtime import ModelFileError, ModelFiles, ModelInfo, ModelRuntime
 from agents.transactions import TransactionalOutputs, release_restores
 from app.faust_compat import committed_offset, restore_state, restoring, rocksdb_partitions
 from app.settings import Settings
@@ -210,7 +210,8 @@ class ScoringService(Service):
             on_delivery_failure=self._on_delivery_failure,
             # The plain Faust path has no commit hook: write each batch's changes through at once.
             write_through=settings.ingest == "stream", metrics=self.metrics if settings.metrics else None,
-            record_format=self.format)
+            record_format=self.format, max_future_ms=int(settings.max_future_s * 1000),
+            max_past_ms=int(settings.max_past_s * 1000))
         # The control topic's deployment first: a worker that starts later serves what the others serve.
         self.control = ControlFollower(settings.broker_bootstrap, settings.model_control_topic)
         await self.control.start()
@@ -240,8 +241,9 @@ class ScoringService(Service):
     def _load_model(self, ref: ModelRef) -> ModelRuntime:
         """Read, hash, open, check and warm one model (blocking: on a thread of its own)."""
         settings = self.settings
+        files = ModelFiles.under(settings.model_root, settings.model_path, max_bytes=settings.max_model_mb << 20)
         runtime = ModelRuntime.load(ref.path, feature_names=self.spec.names, device=settings.device,
-                                    threads=settings.inference_threads, sha256=ref.sha256)
+                                    threads=settings.inference_threads, sha256=ref.sha256, files=files)
         runtime.warmup(sorted({1, min(8, settings.max_batch_size), settings.max_batch_size}))
         return runtime
 

@@ -1,5 +1,5 @@
-"""seam's own commands beside Faust's (``seam produce``, ``seam bench``, ``seam model``, ``seam spec``), added to
-an app by :func:`register`."""
+"""seam's own commands beside Faust's (``seam produce``, ``seam bench``, ``seam model``, ``seam dlq``, ``seam spec``),
+added to an app by :func:`register`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import faust
@@ -26,11 +26,14 @@ from app.topics import ensure_topics
 from tables.spec import SpecError, load_spec
 from tables.spec import describe as describe_spec
 
+if TYPE_CHECKING:
+    from agents.runtime import ModelFiles
+
 __all__ = ["register"]
 
 
 def register(app: faust.App, settings: Settings) -> None:
-    """Add ``seam produce``, ``seam bench``, ``seam model`` and ``seam spec`` to ``app``'s command line."""
+    """Add ``seam produce``, ``bench``, ``model``, ``dlq`` and ``spec`` to ``app``'s command line."""
 
     @app.command(
         option("--rate", type=float, default=1000.0, show_default=True, help="Records per second."),
@@ -42,8 +45,9 @@ def register(app: faust.App, settings: Settings) -> None:
         option("--late-rate", type=float, default=0.001, show_default=True,
                help="Share of events that arrive minutes late."),
         option("--start-ms", type=int, default=None,
-               help="Event time of the first record (default: now). Synthetic event time runs far "
-                    "ahead of the wall clock; a later run on the same topic needs a later start."),
+               help="Event time of the first record (default: early enough that the last is no later than "
+                    "now). Synthetic event time runs far ahead of the wall clock: a start after now makes records "
+                    "that a worker refuses as future_timestamp (SEAM_MAX_FUTURE_S)."),
         name="produce",
     )
     async def produce_command(
@@ -53,11 +57,11 @@ def register(app: faust.App, settings: Settings) -> None:
         """Produce the example stream of SEAM_FEATURE_SPEC (fraud or sensors) at a fixed rate (open loop), in
         SEAM_INPUT_FORMAT."""
         seed = int(time.time()) if seed is None else seed
-        start_ms = int(time.time() * 1000) if start_ms is None else start_ms
         spec = load_spec(settings.feature_spec)
         try:
             generator = generator_for(spec, keys=keys, seed=seed, id_prefix=f"e{seed}", start_ms=start_ms,
-                                      late_rate=late_rate)
+                                      late_rate=late_rate, end_ms=int(time.time() * 1000) if start_ms is None else None,
+                                      events=int(rate * duration))
         except LookupError as exc:
             raise SystemExit(f"seam produce: {exc}") from None
         target = topic or settings.input_topic
@@ -72,8 +76,7 @@ def register(app: faust.App, settings: Settings) -> None:
                 key_field=spec.key, partitions=settings.topic_partitions, encode=encode,
                 on_progress=lambda done, _total: progress.update(task, completed=done))
         self.say(f"sent {report.sent} {spec.name} records ({report.positive} labelled positive) to {target!r} "
-                 f"in {report.elapsed_s:.1f}s ({report.rate:.0f}/s); last event time {generator.last_ts_ms} "
-                 f"(pass a later --start-ms to a next run on this topic)")
+                 f"in {report.elapsed_s:.1f}s ({report.rate:.0f}/s); last event time {generator.last_ts_ms}")
 
 
     @app.command(
@@ -127,6 +130,8 @@ def register(app: faust.App, settings: Settings) -> None:
         seam model shadow PATH|off   start, replace or stop a shadow model
         seam model status            the deployment the workers converge on
         """
+        from agents.runtime import ModelFileError, ModelFiles  # ONNX Runtime: only for the commands that need it
+
         bootstrap, topic = settings.broker_bootstrap, settings.model_control_topic
         await ensure_topics(bootstrap, [], 1, settings.topic_replication_factor, compacted=[topic])
 
@@ -139,11 +144,42 @@ def register(app: faust.App, settings: Settings) -> None:
                 deployment = current if current is not None else served_without_a_record()
                 self.say(describe(deployment, source="control topic" if current is not None else "SEAM_MODEL_PATH"))
                 return
-            transition = _transition(action, path, canary, shadow)
+            files = ModelFiles.under(settings.model_root, settings.model_path, max_bytes=settings.max_model_mb << 20)
+            transition = _transition(action, path, canary, shadow, files)
             updated = await control.change(bootstrap, topic, served_without_a_record, transition)
-        except DeploymentError as exc:
+        except (DeploymentError, ModelFileError) as exc:
             raise SystemExit(f"seam model {action}: {exc}") from None
         self.say(describe(updated, source=f"written to {topic}"))
+
+    @app.command(
+        argument("action", type=click.Choice(DLQ_ACTIONS)),
+        option("--reason", "reasons", multiple=True, required=True,
+               help="Replay the dead letters of this reason (repeatable), e.g. registry_unavailable."),
+        option("--from-offset", type=int, default=None, help="Only letters at this dead-letter offset or later."),
+        option("--to-offset", type=int, default=None, help="Only letters at this dead-letter offset or earlier."),
+        option("--again", is_flag=True, default=False, help="Also the letters earlier replays of the reason read."),
+        option("--dry-run", is_flag=True, default=False, help="Say what would be replayed; send nothing."),
+        name="dlq",
+    )
+    async def dlq_command(self: AppCommand, action: str, reasons: tuple[str, ...], from_offset: int | None,
+                          to_offset: int | None, again: bool, dry_run: bool) -> None:
+        """Send dead letters back to the input topic, as they were (key, value, headers), once.
+
+        \b
+        seam dlq replay --reason registry_unavailable      the letters since the last replay of that reason
+        seam dlq replay --reason inference_error --from-offset 100 --to-offset 180
+        """
+        from app.replay import replay
+
+        offsets = None
+        if from_offset is not None or to_offset is not None:
+            offsets = (from_offset or 0, to_offset if to_offset is not None else (1 << 63) - 2)
+        try:
+            report = await replay(settings.broker_bootstrap, settings.dlq_topic, settings.input_topic,
+                                  settings.app_id, reasons, offsets=offsets, again=again, dry_run=dry_run)
+        except LookupError as exc:
+            raise SystemExit(f"seam dlq {action}: {exc}") from None
+        self.say(report.line(settings.dlq_topic, settings.input_topic, dry_run))
 
     @app.command(
         argument("action", type=click.Choice(("check",))),
@@ -174,22 +210,28 @@ def register(app: faust.App, settings: Settings) -> None:
 
 
 MODEL_ACTIONS = ("deploy", "promote", "rollback", "shadow", "status")
+DLQ_ACTIONS = ("replay",)
 
 
 def _transition(action: str, path: str | None, canary: float | None,
-                shadow: str | None) -> Callable[[Deployment], Deployment]:
-    """The change a ``seam model`` action makes to the current deployment (files are hashed here, now)."""
+                shadow: str | None, files: ModelFiles) -> Callable[[Deployment], Deployment]:
+    """The change a ``seam model`` action makes to the current deployment (files are hashed here, now; a file
+    the workers would refuse to read, outside SEAM_MODEL_DIR, is refused here first)."""
     if action in ("deploy", "shadow") and not path:
         raise DeploymentError(f"seam model {action} needs a PATH")
     if action != "deploy" and (canary is not None or shadow is not None):
         raise DeploymentError("--canary and --shadow go with seam model deploy")
+
+    def ref_of(named: str) -> ModelRef:
+        return ModelRef.of(files.allowed(named))
+
     if action == "deploy":
         assert path is not None
-        return functools.partial(deploy, model=ModelRef.of(path), canary_percent=canary,
-                                 shadow=None if shadow is None else ModelRef.of(shadow))
+        return functools.partial(deploy, model=ref_of(path), canary_percent=canary,
+                                 shadow=None if shadow is None else ref_of(shadow))
     if action == "shadow":
         assert path is not None
-        ref = None if path == "off" else ModelRef.of(path)
+        ref = None if path == "off" else ref_of(path)
         return lambda current: set_shadow(current, ref)
     return promote if action == "promote" else rollback
 

@@ -83,6 +83,11 @@ class Settings:
     log_format: str = "text"
     # Model boundary.
     model_path: Path = EXAMPLE_MODEL
+    # Deployments (the control topic's records) name model files in this folder only, or SEAM_MODEL_PATH
+    # itself; empty: SEAM_MODEL_PATH's folder. Whoever can write the control topic chooses the file.
+    model_dir: str = ""
+    # The largest model file a worker reads.
+    max_model_mb: int = 512
     device: str = "auto"
     max_batch_size: int = 256
     max_wait_ms: float = 5.0
@@ -97,13 +102,19 @@ class Settings:
     # The feature spec (a TOML file: tables.spec): the input's fields, the allowed lateness, the features.
     feature_spec: Path = EXAMPLE_SPEC
     # Memory for the card states kept beyond what is being changed (the rest is read back from
-    # RocksDB): about 1.5 KB per card plus 0.19 KB per event held (0.29 KB in a card of 96 or more).
+    # RocksDB): about 1.5 KB per card plus 0.19 KB per event held (0.33 KB in a card of 96 or more).
     state_cache_mb: int = 256
     # RocksDB's own memory for the card-state table, per table partition this worker opens: its block
     # cache (blocks read back from disk) and its write buffers (two memtables of a quarter each).
     state_db_memory_mb: int = 32
     # Input records with a larger value go to the dead-letter topic as too_large.
     max_record_bytes: int = 64 * 1024
+    # An input record whose event time is more than this ahead of its Kafka timestamp goes to the dead-letter
+    # topic as future_timestamp and moves no watermark: clock skew passes, a wrong clock or unit does not (one
+    # such record would make every later event of its partition late). 0: no bound.
+    max_future_s: float = 300.0
+    # ... more than this behind it: past_timestamp. 0 (the default): no bound, so a backfill of history passes.
+    max_past_s: float = 0.0
     # json: JSON objects in and out. avro: Confluent-framed Avro in (writer schemas by id from the registry),
     # predictions, feature log and shadow scores out in Avro, their schemas registered as <topic>-value.
     input_format: str = "json"
@@ -161,6 +172,11 @@ class Settings:
             raise SettingsError(f"SEAM_TOPIC_PARTITIONS must be >= 1, got {self.topic_partitions}")
         if self.max_record_bytes < 1:
             raise SettingsError(f"SEAM_MAX_RECORD_BYTES must be >= 1, got {self.max_record_bytes}")
+        if self.max_future_s < 0 or self.max_past_s < 0:
+            raise SettingsError(f"SEAM_MAX_FUTURE_S and SEAM_MAX_PAST_S must be >= 0 (0: no bound), got "
+                                f"{self.max_future_s} and {self.max_past_s}")
+        if self.max_model_mb < 1:
+            raise SettingsError(f"SEAM_MAX_MODEL_MB must be >= 1, got {self.max_model_mb}")
         if self.state_cache_mb < 1:
             raise SettingsError(f"SEAM_STATE_CACHE_MB must be >= 1, got {self.state_cache_mb}")
         if self.state_db_memory_mb < 4:
@@ -197,6 +213,11 @@ class Settings:
                 except ValueError as exc:
                     raise SettingsError(f"{name}={env[name]!r}: {exc}") from None
         return cls(**values)
+
+    @property
+    def model_root(self) -> Path:
+        """The folder deployments name model files in (SEAM_MODEL_DIR, else SEAM_MODEL_PATH's)."""
+        return Path(self.model_dir) if self.model_dir else self.model_path.parent
 
     @property
     def broker_bootstrap(self) -> str:

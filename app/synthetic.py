@@ -16,8 +16,9 @@ default 60 s allowed lateness) and a smaller share arrive minutes late.
 from __future__ import annotations
 
 import heapq
+import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -85,6 +86,10 @@ class TransactionGenerator:
 
     def __iter__(self) -> Iterator[tuple[dict[str, Any], bool]]:
         return self
+
+    def events_per_s(self) -> float:
+        """Events per second of event time, fraud bursts aside (each card's exponential gaps)."""
+        return sum(1 / card.mean_gap_s for card in self.cards)
 
     def __next__(self) -> tuple[dict[str, Any], bool]:
         rng = self._rng
@@ -182,6 +187,10 @@ class SensorGenerator:
     def __iter__(self) -> Iterator[tuple[dict[str, Any], bool]]:
         return self
 
+    def events_per_s(self) -> float:
+        """Events per second of event time, faults aside (each device's period)."""
+        return sum(1 / device.period_s for device in self.devices)
+
     def __next__(self) -> tuple[dict[str, Any], bool]:
         rng = self._rng
         ts, _, index = heapq.heappop(self._heap)
@@ -233,13 +242,37 @@ class Synthetic(Protocol):
 
     def __next__(self) -> tuple[dict[str, Any], bool]: ...
 
+    def events_per_s(self) -> float: ...
 
-def generator_for(spec: FeatureSpec, *, keys: int, seed: int, start_ms: int, late_rate: float = 0.001,
-                  id_prefix: str = "e") -> Synthetic:
-    """The synthetic stream of an example spec, by its name (``fraud``, ``sensors``): ``(record, positive)``."""
-    if spec.name == "fraud":
-        return TransactionGenerator(cards=keys, seed=seed, start_ms=start_ms, late_rate=late_rate, id_prefix=id_prefix)
-    if spec.name == "sensors":
-        return SensorGenerator(devices=keys, seed=seed, start_ms=start_ms, late_rate=late_rate, id_prefix=id_prefix)
-    raise LookupError(f"no synthetic stream for spec {spec.name!r}: seam generates the example streams (fraud, "
-                      "sensors); produce your own records for other specs")
+
+def span_ms(generator: Synthetic, events: int) -> int:
+    """At least the event time a stream's first ``events`` events cover, with three standard deviations to
+    spare (bursts and faults only add events): where to start a stream that must end before a given time."""
+    mean_ms = events / generator.events_per_s() * 1000
+    return int(mean_ms * (1 + 3 / math.sqrt(max(events, 1))))
+
+
+def generator_for(spec: FeatureSpec, *, keys: int, seed: int, start_ms: int | None = None, late_rate: float = 0.001,
+                  id_prefix: str = "e", end_ms: int | None = None, events: int = 0) -> Synthetic:
+    """The synthetic stream of an example spec, by its name (``fraud``, ``sensors``): ``(record, positive)``.
+
+    Synthetic event time runs far ahead of the wall clock (a short run covers hours of activity). With
+    ``end_ms`` instead of ``start_ms``, the stream starts early enough that its first ``events`` events end
+    by ``end_ms``: a live run that ends now is never ahead of its records' Kafka timestamps
+    (``SEAM_MAX_FUTURE_S``).
+    """
+    kinds: dict[str, Callable[[int], Synthetic]] = {
+        "fraud": lambda start: TransactionGenerator(cards=keys, seed=seed, start_ms=start, late_rate=late_rate,
+                                                    id_prefix=id_prefix),
+        "sensors": lambda start: SensorGenerator(devices=keys, seed=seed, start_ms=start, late_rate=late_rate,
+                                                 id_prefix=id_prefix),
+    }
+    make = kinds.get(spec.name)
+    if make is None:
+        raise LookupError(f"no synthetic stream for spec {spec.name!r}: seam generates the example streams (fraud, "
+                          "sensors); produce your own records for other specs")
+    if end_ms is not None:
+        return make(end_ms - span_ms(make(0), events))  # the same seed: the same keys, the same rates
+    if start_ms is None:
+        raise TypeError("generator_for needs start_ms or end_ms")
+    return make(start_ms)

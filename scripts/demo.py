@@ -171,9 +171,11 @@ async def run(args: argparse.Namespace, settings: Settings, spec: FeatureSpec, w
     if consumer.done():
         consumer.result()  # raises what stopped it
     seed = int(time.time())
-    generator = _Recording(generator_for(spec, keys=args.keys, seed=seed, id_prefix=f"demo{seed}",
-                                         start_ms=int(time.time() * 1000), late_rate=0.0), tally)
     total = int(args.rate * args.duration)
+    # Its event time ends by now: synthetic time runs ahead of the wall clock, and the worker refuses records
+    # stamped far ahead of their Kafka timestamps (SEAM_MAX_FUTURE_S).
+    generator = _Recording(generator_for(spec, keys=args.keys, seed=seed, id_prefix=f"demo{seed}",
+                                         end_ms=int(time.time() * 1000), events=total, late_rate=0.0), tally)
     progress = {"sent": 0}
     with Live(tally.line(0, total), console=console, refresh_per_second=4) as live:
         producing = asyncio.create_task(produce(

@@ -120,13 +120,16 @@ async def produce(bootstrap: str, topic: str, rate: float, duration_s: float, ca
     try:
         started, sent = time.monotonic(), 0
         origin_ms = int(time.time() * 1000)
+        # Event time runs K times faster than the wall clock and reaches it at the end of the run: never ahead
+        # of the records' Kafka timestamps (the worker refuses those: SEAM_MAX_FUTURE_S).
+        event_origin_ms = origin_ms - int(duration_s * 1000 * (time_lapse - 1))
         total = int(rate * duration_s)
         while sent < total:
             due = int((time.monotonic() - started) * rate) + 1
             while sent < min(due, total):
                 tx = next(generator)[0]
                 # Event time = now (times K from the start): the horizon fills as in production, K times faster.
-                tx["ts"] = origin_ms + int((time.time() * 1000 - origin_ms) * time_lapse)
+                tx["ts"] = event_origin_ms + int((time.time() * 1000 - origin_ms) * time_lapse)
                 future = await producer.send(topic, orjson.dumps(tx), key=tx["card_id"].encode())
                 sent_ms[tx["id"]] = int(time.time() * 1000)
                 future.add_done_callback(lambda f, i=tx["id"]: sent_ms.__setitem__(i, f.result().timestamp)

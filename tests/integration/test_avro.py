@@ -11,6 +11,7 @@ import math
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema, schemaless_reader
 
 from agents.avro import frame, schema_for
-from app.localhost import free_port
+from app.localhost import free_port, worker_env
 from app.synthetic import TransactionGenerator
 from app.topics import assign_all
 from tables.features import DEFAULT_SPEC
@@ -202,13 +203,61 @@ def with_avro_features(out: dict[str, list[dict[str, Any]]], topics: Topics) -> 
     return joined
 
 
-def test_while_the_registry_is_down_only_records_of_schemas_not_seen_yet_are_dead_lettered(
+class RegistryLink:
+    """A TCP relay between the worker and the registry that can be cut: while cut it takes connections and bytes
+    and answers nothing (a registry that does not answer), on connections old and new; restored, it relays again.
+    The registry keeps its schemas (it keeps them in memory only: restarting it would lose them)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port, self._target = free_port(), target_port
+        self.cut = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def __enter__(self) -> RegistryLink:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+
+    async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self._target)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    if not self.cut.is_set():
+                        sink.write(data)
+                        await sink.drain()
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(client_reader, upstream_writer), pipe(upstream_reader, client_writer),
+                             return_exceptions=True)
+
+
+def test_while_the_registry_is_down_only_records_of_schemas_not_seen_yet_are_dead_lettered_and_replayed_after(
         kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The registry stops answering: records of schemas the worker has are scored, the others dead-lettered
+    (registry_unavailable). It answers again: `seam dlq replay` sends those letters back once, and every one
+    is scored."""
     port, run_dir = free_port(), tmp_path / "registry"
     registry_local = [sys.executable, str(ROOT / "scripts" / "registry_local.py")]
     options = ["--port", str(port), "--run-dir", str(run_dir)]
     subprocess.run([*registry_local, "up", *options], check=True, capture_output=True)
-    url = f"http://127.0.0.1:{port}/apis/ccompat/v6"
+    with RegistryLink(port) as link:
+        _outage_and_replay(kafka_bootstrap, tmp_path, f"http://127.0.0.1:{port}/apis/ccompat/v6",
+                           f"http://127.0.0.1:{link.port}/apis/ccompat/v6", link, [*registry_local, "down", *options])
+
+
+def _outage_and_replay(kafka_bootstrap: str, tmp_path: Path, url: str, worker_url: str, link: RegistryLink,
+                       registry_down: list[str]) -> None:
     topics = Topics.unique(f"outage-{uuid.uuid4().hex[:8]}")
     prepare_topics(kafka_bootstrap, topics)
     client = SchemaRegistryClient({"url": url})
@@ -217,7 +266,7 @@ def test_while_the_registry_is_down_only_records_of_schemas_not_seen_yet_are_dea
     before = [next(generator)[0] for _ in range(100)]
     during_v1 = [next(generator)[0] for _ in range(100)]
     during_v2 = [next(generator)[0] | {"channel": "pos"} for _ in range(50)]
-    env = {"SEAM_INPUT_FORMAT": "avro", "SEAM_SCHEMA_REGISTRY_URL": url, "SEAM_SCHEMA_REGISTRY_TIMEOUT_S": "1"}
+    env = {"SEAM_INPUT_FORMAT": "avro", "SEAM_SCHEMA_REGISTRY_URL": worker_url, "SEAM_SCHEMA_REGISTRY_TIMEOUT_S": "1"}
     worker = Worker(kafka_bootstrap, topics.env() | env, tmp_path / "worker", free_port())
     try:
         worker.wait_ready()
@@ -227,7 +276,7 @@ def test_while_the_registry_is_down_only_records_of_schemas_not_seen_yet_are_dea
         asyncio.run(collect(kafka_bootstrap, [topics.predictions], decode=decode, settle_s=0, timeout_s=60,
                             done=lambda o: {p["id"] for p in o[topics.predictions]} >= first))
         v2_values = [(e["card_id"].encode(), write_v2(e)) for e in during_v2]  # registered while it was up
-        subprocess.run([*registry_local, "down", *options], check=True, capture_output=True)
+        link.cut.set()
         records = [(e["card_id"].encode(), write_v1(e)) for e in during_v1[:50]] + v2_values[:25] + [
             (e["card_id"].encode(), write_v1(e)) for e in during_v1[50:]] + v2_values[25:]
         asyncio.run(produce_raw(kafka_bootstrap, topics.input, records))
@@ -237,15 +286,47 @@ def test_while_the_registry_is_down_only_records_of_schemas_not_seen_yet_are_dea
                 orjson.loads(v) if t == topics.dlq else _plain(v)),
             done=lambda o: len({p["id"] for p in o[topics.predictions]}) >= len(scored_ids)
             and len(o[topics.dlq]) >= len(during_v2), timeout_s=90))
+        assert {p["id"] for p in out[topics.predictions]} == scored_ids
+        letters = out[topics.dlq]
+        assert {d["reason"] for d in letters} == {"registry_unavailable"}, letters[:3]
+        assert sorted(dead_value(d) for d in letters) == sorted(value for _key, value in v2_values)
+        assert "did not answer within 1 s" in letters[0]["message"]
+        # After the outage: the registry answers again. The worker asks for a schema it could not get again 5 s
+        # after the failure: a record of it sent earlier is a dead letter again, so probe until one is scored.
+        link.cut.clear()
+        probes, letters_so_far = [], len(letters)
+        while not probes or probes[-1][1] == "dead":
+            probe = next(generator)[0] | {"channel": "pos", "id": f"out-probe-{len(probes)}"}
+            asyncio.run(produce_raw(kafka_bootstrap, topics.input, [(probe["card_id"].encode(), write_v2(probe))]))
+            seen = asyncio.run(collect(
+                kafka_bootstrap, [topics.predictions, topics.dlq], decode=lambda t, k, v: (
+                    orjson.loads(v) if t == topics.dlq else _plain(v)), settle_s=0, timeout_s=60,
+                done=lambda o, i=probe["id"], n=letters_so_far: i in {p["id"] for p in o[topics.predictions]}
+                or len(o[topics.dlq]) > n))
+            scored = probe["id"] in {p["id"] for p in seen[topics.predictions]}
+            probes.append((probe["id"], "scored" if scored else "dead"))
+            letters_so_far = len(seen[topics.dlq])
+        dead = len(during_v2) + len(probes) - 1
+        cli_env = worker_env(topics.env() | env | {"SEAM_BROKER_URL": f"kafka://{kafka_bootstrap}"})
+
+        def replay() -> str:
+            done = subprocess.run([sys.executable, "-m", "app", "dlq", "replay", "--reason", "registry_unavailable"],
+                                  env=cli_env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+        assert f"replayed {dead} dead letters (registry_unavailable: {dead})" in replay()
+        assert "replayed 0 dead letters" in replay()  # once: the second run starts after the first
+        everyone = scored_ids | {e["id"] for e in during_v2} | {probe for probe, _ in probes}
+        after = asyncio.run(collect(
+            kafka_bootstrap, [topics.predictions, topics.dlq], decode=lambda t, k, v: (
+                orjson.loads(v) if t == topics.dlq else _plain(v)),
+            done=lambda o: {p["id"] for p in o[topics.predictions]} >= everyone, timeout_s=90))
     finally:
         code = worker.stop()
-        subprocess.run([*registry_local, "down", *options], capture_output=True)
+        subprocess.run(registry_down, capture_output=True)
     assert code == 0, worker.log_tail()
-    assert {p["id"] for p in out[topics.predictions]} == scored_ids
-    letters = out[topics.dlq]
-    assert {d["reason"] for d in letters} == {"registry_unavailable"}, letters[:3]
-    assert sorted(dead_value(d) for d in letters) == sorted(value for _key, value in v2_values)
-    assert "did not answer within 1 s" in letters[0]["message"]
+    assert {p["id"] for p in after[topics.predictions]} == everyone
+    assert len(after[topics.dlq]) == dead  # no new dead letter: every replayed record was scored
 
 
 def _plain(value: bytes) -> dict[str, Any]:

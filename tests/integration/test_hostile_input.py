@@ -12,7 +12,15 @@ import pytest
 
 from app.localhost import free_port
 from app.synthetic import TransactionGenerator
-from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw
+from tests.integration.kafka_helpers import (
+    Topics,
+    Worker,
+    collect,
+    collect_outcomes,
+    encode,
+    prepare_topics,
+    produce_raw,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -61,3 +69,34 @@ def test_huge_keys_and_unprintable_ids_are_dead_lettered_and_the_worker_stays_up
     # Each letter keeps its record's Kafka headers, so a replay can send them again.
     assert all(d["headers"] == [["trace-id", base64.b64encode(b"\x00\x01t-9").decode()],
                                 ["source", base64.b64encode(b"pos-7").decode()]] for d in letters), letters
+
+
+def test_a_record_from_the_future_moves_no_watermark_before_or_after_a_restart(kafka_bootstrap: str,
+                                                                               tmp_path: Path) -> None:
+    """A valid transaction stamped in 2200 (a terminal with a wrong clock) amid a card's stream. It raised its
+    partition's watermark to 2200, so every later event there went to the late topic, and again after a restart
+    (570 of the next 2,000 on 4 partitions). Now it is a dead letter, and everything before and after the
+    restart is scored."""
+    topics = Topics.unique(uuid.uuid4().hex[:10])
+    prepare_topics(kafka_bootstrap, topics)
+    generator = TransactionGenerator(cards=30, seed=11, late_rate=0.0, out_of_order_rate=0.0, id_prefix="fu")
+    valid = [next(generator)[0] for _ in range(400)]
+    future = dict(valid[0], id="fu-2200", ts=7_258_118_400_000)
+    first = [encode(tx) for tx in valid[:100]] + [encode(future)] + [encode(tx) for tx in valid[100:200]]
+    asyncio.run(produce_raw(kafka_bootstrap, topics.input, first))
+    data = tmp_path / "worker"
+    for phase, batch in enumerate((valid[:200], valid[200:])):
+        if phase:
+            asyncio.run(produce_raw(kafka_bootstrap, topics.input, [encode(tx) for tx in batch]))
+        worker = Worker(kafka_bootstrap, topics.env(), data, free_port())  # the same folder: a restart
+        try:
+            worker.wait_ready()
+            expected = {tx["id"] for tx in valid[:200 * (phase + 1)]}
+            out = asyncio.run(collect_outcomes(kafka_bootstrap, topics, expected, timeout_s=120))
+        finally:
+            assert worker.stop() == 0, worker.log_tail()
+        assert out[topics.late] == []
+        assert {p["id"] for p in out[topics.predictions]} >= {tx["id"] for tx in batch}
+    letters = out[topics.dlq]
+    assert [(d["reason"], orjson.loads(d["value"])["id"]) for d in letters] == [("future_timestamp", "fu-2200")]
+    assert "ahead of the record's Kafka timestamp" in letters[0]["message"] and letters[0]["offset"] >= 0

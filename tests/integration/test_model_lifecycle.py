@@ -20,7 +20,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.deployment import CANARY_BUCKETS, canary_bucket
+from agents import control
+from agents.deployment import CANARY_BUCKETS, Deployment, ModelRef, canary_bucket
 from app.loadgen import produce
 from app.localhost import free_port, worker_env
 from app.synthetic import TransactionGenerator
@@ -115,6 +116,7 @@ def test_canary_promote_rollback_and_refused_models_under_load(kafka_bootstrap: 
     corrupt = tmp_path / "corrupt.onnx"
     corrupt.write_bytes(v2.read_bytes()[:700])
     env = topics.env() | {"SEAM_MODEL_CONTROL_TOPIC": f"ctl-{suffix}", "SEAM_SHADOW_TOPIC": f"shadow-{suffix}",
+                          "SEAM_MODEL_DIR": str(tmp_path),
                           "SEAM_TOPIC_PARTITIONS": str(PARTITIONS), "SEAM_SESSION_TIMEOUT_S": "6"}
     cli_env = env | {"SEAM_BROKER_URL": f"kafka://{kafka_bootstrap}"}
     stop_load = threading.Event()
@@ -167,23 +169,33 @@ def test_canary_promote_rollback_and_refused_models_under_load(kafka_bootstrap: 
         run("deploy", str(write_reordered_model(v2, tmp_path / "reordered.onnx", version="3")))
         wait_for_deployment(workers, lambda v: (v["rejected"] or {}).get("revision") == 6)
         assert {deployment_of(w)["rejected"]["reason"] for w in workers} == {"contract"}
+        # Refused by the CLI: a file outside SEAM_MODEL_DIR, in one line. A record written around the CLI, naming
+        # /dev/zero (read whole, it grew a worker to 23.7 GB): refused by every worker, which keep serving.
+        outside = seam_model(cli_env, "deploy", "/etc/hostname")
+        assert outside.returncode != 0 and "outside SEAM_MODEL_DIR" in outside.stderr, outside
+        assert "Traceback" not in outside.stderr
+        asyncio.run(control.write(kafka_bootstrap, env["SEAM_MODEL_CONTROL_TOPIC"],
+                                  Deployment(revision=7, primary=ModelRef("/dev/zero", "0" * 64), command="deploy")))
+        wait_for_deployment(workers, lambda v: (v["rejected"] or {}).get("revision") == 7)
+        refusals = [deployment_of(w)["rejected"] for w in workers]
+        assert {r["reason"] for r in refusals} == {"outside_model_dir"}, refusals
         assert all(v["revision"] == 4 and v["primary"]["model"] == V1_TAG for v in map(deployment_of, workers))
         wait_for_more(workers, "predictions after the refused deployments", {V1_TAG: 400, "prediction": 400})
         marks["rolled_back"] = (converged[3] + SETTLE_S, time.time())
         # Convergence is measured from each record's write (its Kafka timestamp), not from starting the command.
-        control = env["SEAM_MODEL_CONTROL_TOPIC"]
-        records = asyncio.run(collect(kafka_bootstrap, [control], done=lambda out: len(out[control]) >= 6,
-                                      timeout_s=30, settle_s=0))[control]
+        control_topic = env["SEAM_MODEL_CONTROL_TOPIC"]
+        records = asyncio.run(collect(kafka_bootstrap, [control_topic], done=lambda out: len(out[control_topic]) >= 7,
+                                      timeout_s=30, settle_s=0))[control_topic]
         written = {r["revision"]: r["_kafka_ts"] / 1000 for r in records}
         convergence = {phase: converged[revision] - written[revision]
                        for phase, revision in (("canary", 1), ("promote", 2), ("rollback", 3))}
         status = seam_model(cli_env, "status")
-        assert status.returncode == 0 and "revision 6" in status.stdout, status
+        assert status.returncode == 0 and "revision 7" in status.stdout, status
         rejections = [line for w in workers for line in w.get("/metrics")[1].decode().splitlines()
                       if line.startswith("seam_model_deployment_rejections_total")]
         assert sorted(rejections) == sorted(
             f'seam_model_deployment_rejections_total{{reason="{reason}"}} 1.0'
-            for reason in ("contract", "not_a_model") for _ in workers), rejections
+            for reason in ("contract", "not_a_model", "outside_model_dir") for _ in workers), rejections
         stop_load.set()
         loader.join()
         sent = asyncio.run(collect(kafka_bootstrap, [topics.input], done=lambda out: True, timeout_s=30,

@@ -23,12 +23,14 @@ from agents.codec import (
     FeatureRecord,
     Invalid,
     JsonInput,
+    Original,
     dead_letter,
     dead_letter_key,
     decode_feature_record,
     feature_record,
     headers_record,
     late_record,
+    original_of,
 )
 from tables.features import DEFAULT_SPEC
 from tables.spec import MAX_ID_CHARS
@@ -661,3 +663,27 @@ def test_non_objects_are_never_transactions(value: Any) -> None:
     result = decode_transaction(encode(value))
     assert isinstance(result, Invalid)
     assert result.reason in {"not_an_object", "invalid_json"}
+
+
+@PROPERTY
+@given(st.binary(max_size=200), st.one_of(st.none(), st.binary(max_size=50)),
+       st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=20))), max_size=4))
+def test_a_dead_letter_gives_back_the_record_it_was_made_from(value: bytes, key: bytes | None,
+                                                              headers: list[tuple[str, bytes | None]]) -> None:
+    """original_of (what `seam dlq replay` sends) inverts dead_letter: key, value and headers, byte for byte."""
+    letter = orjson.loads(dead_letter(Invalid("registry_unavailable", "x"), topic="t", partition=0, offset=9, key=key,
+                                      value=value, routed_at_ms=1, headers=headers))
+    assert original_of(letter) == Original(key, value, headers)
+
+
+def test_a_dead_letter_cut_to_fit_is_not_given_back_as_the_original() -> None:
+    """A value or key cut to fit cannot be sent again as it was: original_of says what was cut."""
+    cut_value = orjson.loads(dead_letter(Invalid("too_large", "x"), topic="t", partition=0, offset=1, key=b"k",
+                                         value=b"v" * (64 << 10), routed_at_ms=1))
+    cut_key = orjson.loads(dead_letter(Invalid("empty_value", "x"), topic="t", partition=0, offset=1,
+                                       key=b"k" * (DEAD_LETTER_KEY_BYTES + 1), value=b"{}", routed_at_ms=1))
+    many = [("h", b"x" * 1000)] * (HEADER_BYTES // 1000 + 2)
+    cut_headers = orjson.loads(dead_letter(Invalid("wrong_type", "x"), topic="t", partition=0, offset=1, key=b"k",
+                                           value=b"{}", routed_at_ms=1, headers=many))
+    assert [original_of(d) for d in (cut_value, cut_key, cut_headers)] == [
+        "value_truncated", "key_truncated", "headers_truncated"]

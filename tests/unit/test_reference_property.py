@@ -20,6 +20,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from agents.boundary import ModelBoundary
+from agents.codec import Invalid
 from agents.ingest import RecordBatch
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from app.synthetic import TransactionGenerator
@@ -490,7 +491,11 @@ def test_redelivery_at_the_replay_horizon(beyond_ms: int) -> None:
 # --- isolation: hostile records among valid ones ------------------------------------------------------------
 
 DEAD_LETTER_REASONS = {"empty_value", "too_large", "invalid_json", "not_an_object", "missing_field", "wrong_type",
-                       "out_of_range", "not_finite", "unprintable"}
+                       "out_of_range", "not_finite", "unprintable", "future_timestamp"}
+# Every record's Kafka timestamp in run_mixed: after every event time of the scenarios, so only a hostile record
+# is ahead of it by more than MAX_FUTURE_MS (the worker's default, SEAM_MAX_FUTURE_S).
+KAFKA_TS = T + 10 * 24 * 3600 * S
+MAX_FUTURE_MS = 300 * S
 JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)
                            | st.text(max_size=8),
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
@@ -500,8 +505,9 @@ JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**
 @st.composite
 def hostile_values(draw: st.DrawFn) -> bytes | None:
     """A value no contract accepts: none or empty, bytes that are not JSON, JSON of any nesting that is not a
-    transaction (its id missing), a transaction whose id or card id holds an unprintable character."""
-    kind = draw(st.sampled_from(("none", "bytes", "nested", "near", "unprintable")))
+    transaction (its id missing), a transaction whose id or card id holds an unprintable character, or one
+    whose event time is far ahead of its record's Kafka timestamp."""
+    kind = draw(st.sampled_from(("none", "bytes", "nested", "near", "unprintable", "future")))
     if kind == "none":
         return draw(st.sampled_from((None, b"")))
     if kind == "bytes":
@@ -510,6 +516,11 @@ def hostile_values(draw: st.DrawFn) -> bytes | None:
     if kind == "nested":
         return orjson.dumps(draw(JSON_VALUES) if draw(st.booleans()) else {
             k: draw(JSON_VALUES) for k in near if k != "id"})  # no id: never a transaction
+    if kind == "future":  # a valid transaction of a scenario's card, stamped ahead of its Kafka timestamp: it
+        # would raise its partition's watermark past every later event
+        ahead = draw(st.integers(MAX_FUTURE_MS + 1, 2**42))
+        return orjson.dumps(near | {"id": f"future-{ahead}", "card_id": draw(st.sampled_from(["c0", "c1", "c2"])),
+                                    "ts": KAFKA_TS + ahead})
     if kind == "near":
         field = draw(st.sampled_from(sorted(near)))
         return orjson.dumps(near | {field: draw(st.sampled_from((None, "", [], {"a": [1]}, True, float("inf"), -1)))}
@@ -541,7 +552,7 @@ async def run_mixed(scenario: Scenario, hostile: dict[int, list[tuple[bytes | No
     def new_pipeline() -> Pipeline:
         return Pipeline(cast("ModelBoundary[ScoringItem]", boundary), Outputs("pred", "dlq", "late", send),
                         tables.new_cache(scenario.max_clean_cards), allowed_lateness_ms=LATENESS_MS,
-                        on_delivery_failure=failed)
+                        on_delivery_failure=failed, max_future_ms=MAX_FUTURE_MS)
 
     offsets: dict[int, int] = {}  # event index -> its offset
     hostile_offsets: set[int] = set()
@@ -556,10 +567,10 @@ async def run_mixed(scenario: Scenario, hostile: dict[int, list[tuple[bytes | No
         records = []
         for index, ev in run:
             for key, value in hostile.get(index, []):
-                records.append(Record("tx", partition, offset, 0, key, value))
+                records.append(Record("tx", partition, offset, KAFKA_TS, key, value))
                 hostile_offsets.add(offset)
                 offset += 1
-            records.append(Record("tx", partition, offset, 0, ev.card_id.encode(), orjson.dumps(
+            records.append(Record("tx", partition, offset, KAFKA_TS, ev.card_id.encode(), orjson.dumps(
                 {"id": ev.id, "card_id": ev.card_id, "ts": ev.ts, "amount": ev.amount, "merchant_id": ev.merchant_id})))
             offsets[index] = offset
             offset += 1
@@ -598,3 +609,47 @@ def test_hostile_records_change_nothing_for_the_others_and_each_gets_a_dead_lett
     check(scenario.events, outcomes)
     assert set(reasons.values()) <= DEAD_LETTER_REASONS, reasons
     assert set(reasons) <= set(acked), "a dead-lettered record is acknowledged once its letter is delivered"
+
+
+def test_a_record_from_the_future_is_a_dead_letter_and_moves_no_watermark_across_a_restart() -> None:
+    """One valid transaction stamped in 2200 (a terminal with a wrong clock) among a card's events, a restart
+    after it: before the bound it raised its partition's watermark, and every later event was late, after the
+    restart too (the watermark is in the changelog). Now it is a dead letter that names the bound."""
+    events = tuple(Event(f"e{i}", "c0", 0, T + i * 60 * S, float(i), "m") for i in range(6))
+    scenario = Scenario(events, flush_before=frozenset(), restart_before=frozenset({3}), max_clean_cards=10,
+                        forget_on_restart=True)
+    future = orjson.dumps({"id": "from-2200", "card_id": "c0", "ts": 7_258_118_400_000, "amount": 1.0,
+                           "merchant_id": "m"})
+    outcomes, reasons, _ = asyncio.run(run_mixed(scenario, {1: [(b"c0", future)]}))
+    check(events, outcomes)
+    assert all(isinstance(outcome, Scored) for outcome in outcomes)
+    assert list(reasons.values()) == ["future_timestamp"]
+
+
+def test_event_time_bounds_hold_to_the_records_own_kafka_timestamp() -> None:
+    """Ahead by the bound passes, a millisecond more does not; behind is unbounded unless asked for; a record
+    without a Kafka timestamp (-1) is held to nothing. The message says by how much and which setting."""
+    pipeline = Pipeline(cast("ModelBoundary[ScoringItem]", FakeBoundary()), Outputs("pred", "dlq", "late", cast(
+        Any, None)), Tables().new_cache(10), allowed_lateness_ms=LATENESS_MS, on_delivery_failure=print,
+        max_future_ms=MAX_FUTURE_MS, max_past_ms=0)
+    tx = Event("e", "c0", 0, KAFKA_TS, 1.0, "m")
+
+    def verdict(ts: int, kafka_ts: int, past_ms: int = 0) -> str | None:
+        pipeline._max_past_ms = past_ms
+        decoded = pipeline.format.decode(orjson.dumps({"id": tx.id, "card_id": tx.card_id, "ts": ts, "amount": 1.0,
+                                                       "merchant_id": "m"}))
+        result = pipeline._in_time(decoded, Record("tx", 0, 0, kafka_ts, b"c0", b""))
+        return result.reason if isinstance(result, Invalid) else None
+
+    assert verdict(KAFKA_TS + MAX_FUTURE_MS, KAFKA_TS) is None
+    assert verdict(KAFKA_TS + MAX_FUTURE_MS + 1, KAFKA_TS) == "future_timestamp"
+    assert verdict(7_258_118_400_000, -1) is None  # no Kafka timestamp: nothing to hold it to
+    assert verdict(1_000_000_000_000, KAFKA_TS) is None  # 24 years behind: a backfill
+    assert verdict(KAFKA_TS - 3600 * S - 1, KAFKA_TS, past_ms=3600 * S) == "past_timestamp"
+    assert verdict(KAFKA_TS - 3600 * S, KAFKA_TS, past_ms=3600 * S) is None
+    far = pipeline._in_time(pipeline.format.decode(orjson.dumps({"id": "f", "card_id": "c0", "ts": 7_258_118_400_000,
+                                                                 "amount": 1.0, "merchant_id": "m"})),
+                            Record("tx", 0, 0, 1_764_500_000_000, b"c0", b""))
+    assert isinstance(far, Invalid)
+    assert far.message == ("event time 2200-01-01T00:00:00.000Z is 5,493,618,400.000 s ahead of the record's Kafka "
+                           "timestamp 2025-11-30T10:53:20.000Z; SEAM_MAX_FUTURE_S allows 300 s")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +14,15 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from agents.runtime import DeviceUnavailableError, ModelContractError, ModelRuntime, open_session
+from agents.runtime import (
+    DeviceUnavailableError,
+    ModelContractError,
+    ModelFileError,
+    ModelFiles,
+    ModelRuntime,
+    open_session,
+)
+from models import EXAMPLE_MODEL
 from tables.features import DEFAULT_SPEC
 from tests.specs import fraud_like
 
@@ -176,8 +186,8 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_directory_is_not_a_model(tmp_path: Path) -> None:
-    """A directory where the file should be is rejected the same way."""
-    with pytest.raises(ModelContractError, match="cannot be read"):
+    """A directory where the file should be is rejected as not a regular file."""
+    with pytest.raises(ModelContractError, match="is not a regular file"):
         ModelRuntime.load(tmp_path, feature_names=NAMES, device="cpu")
 
 
@@ -281,3 +291,54 @@ def test_the_installed_runtime_package_is_named() -> None:
 
     name, version = runtime_package().split(" ")
     assert name in ("onnxruntime", "onnxruntime-gpu") and version[0].isdigit()
+
+
+# --- which files a deployment may make a worker read ---------------------------------------------------------
+
+
+def test_a_deployment_reads_regular_files_under_the_model_dir_only(tmp_path: Path) -> None:
+    """A control record names a path: under SEAM_MODEL_DIR or SEAM_MODEL_PATH itself, or nothing. Neither `..`
+    nor a link leads out; a device (/dev/zero grew a worker to 23.7 GB), a FIFO (it never ends, and held the
+    deployment lock) and a file over the size bound are refused at once, each with its reason."""
+    root, elsewhere = tmp_path / "models", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / "ok.onnx").write_bytes(b"model bytes")
+    (elsewhere / "secret").write_bytes(b"not yours")
+    (root / "escape.onnx").symlink_to(elsewhere / "secret")
+    (root / "inside.onnx").symlink_to(root / "ok.onnx")
+    os.mkfifo(root / "fifo.onnx")
+    (root / "big.onnx").write_bytes(b"x" * 2048)
+    default = elsewhere / "default.onnx"
+    default.write_bytes(b"the worker's own")
+    files = ModelFiles.under(root, default, max_bytes=1024, timeout_s=5)
+
+    def reason(path: Path | str) -> str:
+        with pytest.raises(ModelFileError) as refused:
+            files.read(path)
+        return refused.value.reason
+
+    assert files.read(root / "ok.onnx") == b"model bytes" and files.read(root / "inside.onnx") == b"model bytes"
+    assert files.read(default) == b"the worker's own"  # SEAM_MODEL_PATH, wherever it is
+    assert reason(root / ".." / "elsewhere" / "secret") == "outside_model_dir"
+    assert reason(root / "escape.onnx") == "outside_model_dir"
+    assert reason("/dev/zero") == "outside_model_dir"
+    assert reason(root / "fifo.onnx") == "not_a_file"  # at once: opened without waiting for a writer
+    assert reason(root / "big.onnx") == "too_large"
+    assert reason(root / "gone.onnx") == "missing_file"
+    assert ModelFiles(root=Path("/dev")).allowed("/dev/zero") == Path("/dev/zero")
+    with pytest.raises(ModelFileError, match="not a regular file"):
+        ModelFiles(root=Path("/dev")).read("/dev/zero")
+
+
+def test_a_refusal_does_not_say_what_the_file_holds(tmp_path: Path) -> None:
+    """A deployment naming a file with another hash is refused without the file's real digest: refusals are
+    shown on the web views, and the digest would let anyone who can write the control topic learn it."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(EXAMPLE_MODEL.read_bytes())
+    real = hashlib.sha256(model.read_bytes()).hexdigest()
+    with pytest.raises(ModelFileError) as refused:
+        ModelRuntime.load(model, feature_names=DEFAULT_SPEC.names, device="cpu", sha256="f" * 64,
+                          files=ModelFiles.under(tmp_path))
+    message = str(refused.value)
+    assert refused.value.reason == "sha256_mismatch" and real not in message and "f" * 64 in message

@@ -147,6 +147,8 @@ def test_settings_error_is_a_value_error() -> None:
         ("SEAM_FRAUD_THRESHOLD", "nan"),
         ("SEAM_TOPIC_PARTITIONS", "0"),
         ("SEAM_MAX_RECORD_BYTES", "0"),
+        ("SEAM_MAX_FUTURE_S", "-1"),
+        ("SEAM_MAX_PAST_S", "-5"),
         ("SEAM_WEB_PORT", "http"),
         ("SEAM_STANDBY_REPLICAS", "-1"),
         ("SEAM_INPUT_FORMAT", "protobuf"),
