@@ -209,6 +209,9 @@ class BoundaryMetrics:
                            "the provider each really runs on.", [*model, "provider", "role"], registry=r)
         self.scores = BatchHistogram("seam_scores", "Scores given, by model (the shadow's included).",
                                      buckets=_SCORE_BUCKETS, labelnames=model, registry=r)
+        self.gc_pause = Histogram("seam_gc_pause_seconds", "Time the process stood still in CPython's cyclic garbage "
+                                  "collector, by generation (2: a full collection).", ["generation"],
+                                  buckets=_SECONDS_BUCKETS, registry=r)
         self.deployment_revision = Gauge("seam_model_deployment_revision", "The deployment revision served (0: "
                                          "SEAM_MODEL_PATH, nothing deployed through the control topic).", registry=r)
         self.deployment_rejections = Counter(

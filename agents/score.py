@@ -27,6 +27,7 @@ import numpy as np
 from faust import Stream
 from faust.types import EventT
 from mode import Service
+from prometheus_client import Histogram
 
 from agents import ingest
 from agents.boundary import BatchResult, ModelBoundary
@@ -94,6 +95,21 @@ def _tune_garbage_collection() -> None:
 GC_YOUNG_ALLOCATIONS = 20_000
 
 
+def _timed_collections(pause: Histogram) -> Callable[[str, dict[str, Any]], None]:
+    """A ``gc.callbacks`` entry that observes how long each collection holds the process, by generation."""
+    by_generation = [pause.labels(str(generation)) for generation in range(3)]
+    started = 0.0
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        nonlocal started
+        if phase == "start":
+            started = time.perf_counter()
+        else:
+            by_generation[info["generation"]].observe(time.perf_counter() - started)
+
+    return callback
+
+
 class ScoringService(Service):
     """Owns the models (agents.models), their boundaries and the pipeline; delivers scored batches to Kafka.
 
@@ -107,6 +123,7 @@ class ScoringService(Service):
         self.app, self.settings, self.tables = app, settings, tables
         self.spec, self.contract = spec, Contract(spec)  # what the input holds and which features it gets
         self.models: ModelSet | None = None
+        self._gc_timer: Callable[[str, dict[str, Any]], None] | None = None  # times collections once ready
         self.control: ControlFollower | None = None
         self.shadow_producer: OutputProducer | None = None
         self._shadow_starting = asyncio.Lock()
@@ -232,6 +249,8 @@ class ScoringService(Service):
                                  "deployment", "missing_file")
         self.models = models
         _tune_garbage_collection()
+        self._gc_timer = _timed_collections(self.metrics.gc_pause)
+        gc.callbacks.append(self._gc_timer)
         self._ready.set()
         logger.info("model boundary ready: %s, ingest=%s max_batch_size=%d max_wait_ms=%s sla_ms=%s "
                     "adaptive=%s guarantee=%s", models.describe_short(), settings.ingest,
@@ -275,6 +294,8 @@ class ScoringService(Service):
         return None if primary is None else primary.boundary
 
     async def on_stop(self) -> None:
+        if self._gc_timer is not None and self._gc_timer in gc.callbacks:
+            gc.callbacks.remove(self._gc_timer)
         # The app has stopped fetching by now. Commit what is delivered while the changelog producer
         # still runs (the consumer's own last commit comes after this service has stopped).
         if self.pipeline is not None and self.output_producer is not None:

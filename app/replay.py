@@ -27,6 +27,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents.codec import Original, original_of
+from app.topics import assign_all
 
 __all__ = ["REPLAYED_FROM", "ReplayReport", "replay"]
 
@@ -69,11 +70,7 @@ async def replay(bootstrap: str, dlq_topic: str, input_topic: str, app_id: str, 
     try:
         for ledger in ledgers.values():
             await ledger.start()
-        if dlq_topic not in await reader.topics():  # (which also reads the cluster's metadata)
-            raise LookupError(f"the dead-letter topic {dlq_topic!r} does not exist")
-        partitions = sorted(reader.partitions_for_topic(dlq_topic) or ())
-        tps = [TopicPartition(dlq_topic, partition) for partition in partitions]
-        reader.assign(tps)
+        tps = await assign_all(reader, bootstrap, [dlq_topic], from_end=False)  # LookupError: no such topic
         ends = await reader.end_offsets(tps)
         beginnings = await reader.beginning_offsets(tps)
         starts: dict[str, dict[TopicPartition, int]] = {}

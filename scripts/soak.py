@@ -63,6 +63,10 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+# The worker's metrics each window reports (cumulative): the state cache, and the collector's pauses by generation.
+REPORTED = ("seam_state_cache", "seam_gc_pause_seconds_sum", "seam_gc_pause_seconds_count")
+
+
 def scrape(url: str) -> dict[str, float]:
     """The sums, counts and gauges of a Prometheus text page (histogram buckets left out)."""
     out: dict[str, float] = {}
@@ -180,7 +184,7 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
             await asyncio.sleep(max(0.0, started + (index + 1) * args.window - time.time()))
             report.append({"window": index, "rss_mb": round(rss_mb(worker.pid), 1),
                            "loop_lag_max_ms_so_far": loop_lag_max_ms(metrics_url),
-                           **{k: v for k, v in scrape(metrics_url).items() if k.startswith("seam_state_cache")}})
+                           **{k: v for k, v in scrape(metrics_url).items() if k.startswith(REPORTED)}})
         await producing
         await asyncio.sleep(args.drain)
         with contextlib.suppress(OSError), urllib.request.urlopen(metrics_url, timeout=2) as response:  # noqa: S310

@@ -291,20 +291,21 @@ def _outage_and_replay(kafka_bootstrap: str, tmp_path: Path, url: str, worker_ur
         assert {d["reason"] for d in letters} == {"registry_unavailable"}, letters[:3]
         assert sorted(dead_value(d) for d in letters) == sorted(value for _key, value in v2_values)
         assert "did not answer within 1 s" in letters[0]["message"]
-        # After the outage: the registry answers again. The worker asks for a schema it could not get again 5 s
-        # after the failure: a record of it sent earlier is a dead letter again, so probe until one is scored.
+        # After the outage: the registry answers again. The worker asks for a schema it could not get again some
+        # seconds after the failure (and within a budget of such asks per minute): a record of it sent before is a
+        # dead letter again, so probe until one is decoded. A probe is stamped below the watermark: decoded, it
+        # goes to the late topic, and it moves no watermark the records to replay are held to.
         link.cut.clear()
         probes, letters_so_far = [], len(letters)
         while not probes or probes[-1][1] == "dead":
-            probe = next(generator)[0] | {"channel": "pos", "id": f"out-probe-{len(probes)}"}
+            probe = during_v2[0] | {"id": f"out-probe-{len(probes)}", "ts": before[0]["ts"] - 3_600_000}
             asyncio.run(produce_raw(kafka_bootstrap, topics.input, [(probe["card_id"].encode(), write_v2(probe))]))
             seen = asyncio.run(collect(
-                kafka_bootstrap, [topics.predictions, topics.dlq], decode=lambda t, k, v: (
-                    orjson.loads(v) if t == topics.dlq else _plain(v)), settle_s=0, timeout_s=60,
-                done=lambda o, i=probe["id"], n=letters_so_far: i in {p["id"] for p in o[topics.predictions]}
-                or len(o[topics.dlq]) > n))
-            scored = probe["id"] in {p["id"] for p in seen[topics.predictions]}
-            probes.append((probe["id"], "scored" if scored else "dead"))
+                kafka_bootstrap, [topics.late, topics.dlq], decode=lambda t, k, v: orjson.loads(v), settle_s=0,
+                timeout_s=60, done=lambda o, n=letters_so_far, i=probe["id"]: len(o[topics.dlq]) > n
+                or any(r["event"]["id"] == i for r in o[topics.late])))
+            decoded = any(r["event"]["id"] == probe["id"] for r in seen[topics.late])
+            probes.append((probe["id"], "late" if decoded else "dead"))
             letters_so_far = len(seen[topics.dlq])
         dead = len(during_v2) + len(probes) - 1
         cli_env = worker_env(topics.env() | env | {"SEAM_BROKER_URL": f"kafka://{kafka_bootstrap}"})
@@ -316,17 +317,20 @@ def _outage_and_replay(kafka_bootstrap: str, tmp_path: Path, url: str, worker_ur
             return done.stdout
         assert f"replayed {dead} dead letters (registry_unavailable: {dead})" in replay()
         assert "replayed 0 dead letters" in replay()  # once: the second run starts after the first
-        everyone = scored_ids | {e["id"] for e in during_v2} | {probe for probe, _ in probes}
+        everyone = scored_ids | {e["id"] for e in during_v2}
         after = asyncio.run(collect(
-            kafka_bootstrap, [topics.predictions, topics.dlq], decode=lambda t, k, v: (
-                orjson.loads(v) if t == topics.dlq else _plain(v)),
-            done=lambda o: {p["id"] for p in o[topics.predictions]} >= everyone, timeout_s=90))
+            kafka_bootstrap, [topics.predictions, topics.dlq, topics.late], decode=lambda t, k, v: (
+                orjson.loads(v) if t != topics.predictions else _plain(v)),
+            done=lambda o: {p["id"] for p in o[topics.predictions]} >= everyone
+            and len(o[topics.late]) >= len(probes), timeout_s=90))
     finally:
         code = worker.stop()
         subprocess.run(registry_down, capture_output=True)
     assert code == 0, worker.log_tail()
     assert {p["id"] for p in after[topics.predictions]} == everyone
-    assert len(after[topics.dlq]) == dead  # no new dead letter: every replayed record was scored
+    # No new dead letter: every replayed record was decoded, the outage's scored, the probes late (as stamped).
+    assert len(after[topics.dlq]) == dead
+    assert sorted(r["event"]["id"] for r in after[topics.late]) == sorted(probe for probe, _ in probes)
 
 
 def _plain(value: bytes) -> dict[str, Any]:

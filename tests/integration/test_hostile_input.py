@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 import uuid
 from pathlib import Path
 
 import orjson
 import pytest
 
+from agents import control
+from agents.deployment import Deployment, ModelRef
 from app.localhost import free_port
 from app.synthetic import TransactionGenerator
 from tests.integration.kafka_helpers import (
@@ -27,9 +30,11 @@ pytestmark = pytest.mark.integration
 
 def test_huge_keys_and_unprintable_ids_are_dead_lettered_and_the_worker_stays_up(kafka_bootstrap: str,
                                                                                  tmp_path: Path) -> None:
-    """A 900 KB key with an empty value (its dead letter, the key twice and escaped, would pass the broker's 1 MiB
-    limit: the worker stopped, and met it again after each restart), a 300 KB key of NUL bytes with a valid value,
-    a card id "c-1\\x00c0" (its header was card c-1's chunk 0 in the table), an id with a newline."""
+    """All at once: a 900 KB key with an empty value (its dead letter, the key twice and escaped, would pass the
+    broker's 1 MiB limit: the worker stopped, and met it again after each restart), a 300 KB key of NUL bytes
+    with a valid value, a card id "c-1\\x00c0" (its header was card c-1's chunk 0 in the table), an id with a
+    newline, a transaction stamped in 2200 (it silenced its partition), and a deployment record naming
+    /dev/zero (read whole, it grew a worker to 23.7 GB)."""
     topics = Topics.unique(uuid.uuid4().hex[:10])
     prepare_topics(kafka_bootstrap, topics)
     generator = TransactionGenerator(cards=30, seed=9, late_rate=0.0, out_of_order_rate=0.0, id_prefix="hi")
@@ -41,6 +46,8 @@ def test_huge_keys_and_unprintable_ids_are_dead_lettered_and_the_worker_stays_up
         (b"\x00" * 300_000, orjson.dumps(dict(template, id="hi-nul-key", ts=valid[-1]["ts"])), None),
         (b"c-1\x00c0", orjson.dumps(dict(template, id="hi-nul-card", card_id="c-1\x00c0")), "unprintable"),
         (b"c-2", orjson.dumps(dict(template, id="hi-new\nline", card_id="c-2")), "unprintable"),
+        (template["card_id"].encode(), orjson.dumps(dict(template, id="hi-2200", ts=7_258_118_400_000)),
+         "future_timestamp"),
     ]
     headers = [("trace-id", b"\x00\x01t-9"), ("source", b"pos-7")]
     records = [encode(tx) for tx in valid[:150]] + [(key, value, headers) for key, value, reason in hostile if reason]
@@ -48,13 +55,22 @@ def test_huge_keys_and_unprintable_ids_are_dead_lettered_and_the_worker_stays_up
     records += [encode(tx) for tx in valid[150:]] + [(key, value) for key, value, reason in hostile if not reason]
     asyncio.run(produce_raw(kafka_bootstrap, topics.input, records))
     scored = {tx["id"] for tx in valid} | {"hi-nul-key"}
-    worker = Worker(kafka_bootstrap, topics.env(), tmp_path / "worker", free_port())
+    env = topics.env() | {"SEAM_MODEL_CONTROL_TOPIC": f"ctl-{topics.app_id}"}
+    worker = Worker(kafka_bootstrap, env, tmp_path / "worker", free_port())
     try:
         worker.wait_ready()
+        asyncio.run(control.write(kafka_bootstrap, env["SEAM_MODEL_CONTROL_TOPIC"],
+                                  Deployment(revision=1, primary=ModelRef("/dev/zero", "0" * 64), command="deploy")))
         out = asyncio.run(collect(
             kafka_bootstrap, [topics.predictions, topics.dlq],
-            done=lambda o: {p["id"] for p in o[topics.predictions]} >= scored and len(o[topics.dlq]) >= 3,
+            done=lambda o: {p["id"] for p in o[topics.predictions]} >= scored and len(o[topics.dlq]) >= 4,
             timeout_s=120))
+        deadline = time.monotonic() + 60
+        while (model := orjson.loads(worker.get("/model/")[1]))["deployment"]["rejected"] is None:
+            assert time.monotonic() < deadline, model
+            time.sleep(0.2)
+        assert model["deployment"]["rejected"]["reason"] == "outside_model_dir", model
+        assert model["deployment"]["revision"] == 0  # still serving SEAM_MODEL_PATH
         assert worker.running(), worker.log_tail()
     finally:
         assert worker.stop() == 0, worker.log_tail()
