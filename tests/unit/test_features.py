@@ -9,6 +9,7 @@ import random
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -802,3 +803,47 @@ def test_the_example_spec_reproduces_the_features_seam_computed_before_specs(
         applied = apply_event(state, ev[0], ev[2], (ev[3], ev[4]), allowed_lateness_ms=60_000)
         digest.update(struct.pack(f"<{len(applied.features)}d?", *applied.features, applied.duplicate))
     assert digest.hexdigest() == "bac07f34f56bc3755a6a0cf61aacc0e2c666c742d7dea2cd569bfbc1266cf85b"
+
+
+class _Counting(list):  # type: ignore[type-arg]
+    """A column that counts the elements each access reads (a slice reads its length, a scan all of them)."""
+
+    read = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        _Counting.read += len(range(*index.indices(len(self)))) if isinstance(index, slice) else 1
+        return super().__getitem__(index)
+
+    def __contains__(self, value: object) -> bool:
+        _Counting.read += len(self)
+        return super().__contains__(value)
+
+    def index(self, value: Any, *args: Any) -> int:
+        _Counting.read += len(self)
+        return super().index(value, *args)
+
+
+@pytest.mark.parametrize("hot_events, most", [(96, 600), (1 << 62, None)])
+def test_a_busy_keys_next_event_reads_a_few_of_its_events_not_all(hot_events: int, most: int | None,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """One key with 10,000 events in its largest window: its next event (in order, or a little out of it) reads
+    a few hundred of its values through the window index, not the whole window (which the sliced path does, and
+    every key of a worker would wait on that), whatever the key's volume."""
+    monkeypatch.setattr(features, "HOT_EVENTS", hot_events)
+    state = new_state()
+    for i in range(10_000):
+        apply_event(state, f"e{i}", T + i * 300, (float(i % 97), f"m{i % 13}"), allowed_lateness_ms=LATENESS_MS)
+    reads = []
+    for event_id, ts in (("next", T + 10_000 * 300), ("behind", T + 10_000 * 300 - 2_000)):
+        if hot_events == 96:
+            assert state.index is not None and state.index.fits(state)
+        for name in ("ts", "id", "seq"):
+            state[name] = _Counting(state[name])
+        state["values"] = [_Counting(column) for column in state["values"]]
+        _Counting.read = 0
+        apply_event(state, event_id, ts, (3.0, "m1"), allowed_lateness_ms=LATENESS_MS)
+        reads.append(_Counting.read)
+    if most is None:
+        assert min(reads) > 10_000  # sliced: the window, read per event
+    else:
+        assert max(reads) <= most, reads
