@@ -38,7 +38,7 @@ REPLAYED_FROM = "seam-replayed-from"  # the header a replayed record carries: wh
 class ReplayReport:
     """What a replay did: records sent, by reason; letters it could not send whole, by what was cut."""
 
-    sent: Counter[str] = field(default_factory=Counter)
+    sent: Counter[str] = field(default_factory=Counter)  # (or chosen to be, in a dry run)
     not_whole: Counter[str] = field(default_factory=Counter)
     read: int = 0  # dead letters read (of any reason)
 
@@ -101,15 +101,15 @@ async def replay(bootstrap: str, dlq_topic: str, input_topic: str, app_id: str, 
                         report.not_whole[original] += 1
                     else:
                         chosen.append((tp, record.offset, why, original))
+                        report.sent[why] += 1  # (a failed send raises: no report)
         if not dry_run:
             await producer.start()
             try:
                 deliveries = []
-                for tp, offset, reason, original in chosen:
+                for tp, offset, _, original in chosen:
                     headers = [*original.headers, (REPLAYED_FROM, f"{tp.topic}/{tp.partition}/{offset}".encode())]
                     deliveries.append(await producer.send(input_topic, original.value, key=original.key,
                                                           headers=headers))
-                    report.sent[reason] += 1
                 for delivery in deliveries:
                     await delivery
             finally:
@@ -117,8 +117,6 @@ async def replay(bootstrap: str, dlq_topic: str, input_topic: str, app_id: str, 
             if offsets is None:  # only now: what was read is sent
                 for ledger in ledgers.values():
                     await ledger.commit({tp: ends[tp] for tp in tps})
-        else:
-            report.sent.update(reason for _, _, reason, _ in chosen)
     finally:
         await reader.stop()
         for ledger in ledgers.values():
