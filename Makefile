@@ -67,9 +67,10 @@ unit: install  ## Run the unit tests only (no broker).
 integration: install kafka-jars registry system-tools  ## Run the integration tests only.
 	$(PY) -m pytest tests/integration
 
-lint: install  ## ruff, mypy, and the docs' relative links and #anchors (lychee, offline).
+lint: install  ## ruff, mypy, the layers (import-linter), and the docs' relative links and #anchors (lychee, offline).
 	$(PY) -m ruff check app agents tables bench scripts tests
 	$(PY) -m mypy app agents tables bench
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/lychee --offline --include-fragments --no-progress README.md docs/*.md
 
 model: install  ## Retrain models/fraud-mlp.onnx (deterministic); SPEC=specs/sensors.toml: models/sensors-mlp.onnx.

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from agents.boundary import BatchResult
-from agents.codec import Event, Invalid, dead_letter, dead_letter_key, late_record
-from agents.formats import RecordFormat, json_format
-from agents.ingest import RawRecord, RecordBatch
-from agents.metrics import BoundaryMetrics
-from agents.runtime import ModelInfo
+from agents.formats.codec import Event, Invalid, dead_letter, dead_letter_key, late_record
+from agents.formats.record_format import RecordFormat, json_format
+from agents.ingest.records import RawRecord, RecordBatch
+from agents.model.boundary import BatchResult
+from agents.model.runtime import ModelInfo
+from agents.observe.metrics import BoundaryMetrics
 from tables.cache import StateCache
 from tables.features import apply_event, feature_set_version, has_event, replayable
 
@@ -54,11 +54,11 @@ class ScoringItem:
     features: tuple[float, ...]
     batch: RecordBatch
     record: RawRecord
-    state_epoch: int
+    state_round: int
 
 
 class Boundary(Protocol):
-    """Where the pipeline hands its rows: a model boundary, or the models of a deployment (agents.models)."""
+    """Where the pipeline hands its rows: a model boundary, or the models of a deployment (agents.model.models)."""
 
     async def submit_many(self, items: Sequence[tuple[Sequence[float], ScoringItem]]) -> None: ...
 
@@ -117,7 +117,7 @@ class Pipeline:
         self._step_started = time.perf_counter()
         self._unchecked = 0
         # Input partition -> (offset after the last record handed in, that record's broker timestamp):
-        # the consumer's lag is measured from here (agents.monitor).
+        # the consumer's lag is measured from here (agents.observe.monitor).
         self.handled: dict[int, tuple[int, int]] = {}
 
     def forget_partitions(self) -> None:
@@ -187,7 +187,7 @@ class Pipeline:
             applied = apply_event(state, tx.id, tx.ts, tx.values, allowed_lateness_ms=lateness_ms, spec=spec)
             if not applied.duplicate:
                 cache.touch(partition, tx.key, tx.ts)
-            items.append((applied.features, ScoringItem(tx, applied.features, batch, record, cache.epoch)))
+            items.append((applied.features, ScoringItem(tx, applied.features, batch, record, cache.write_round)))
         if self._write_through:
             cache.flush()
         if items:
@@ -298,7 +298,7 @@ class Pipeline:
             now_ms = time.time() * 1000
             metrics.end_to_end.observe_ages(now_ms, [item.record.timestamp for item in result.items])
         acks = [(item.batch, item.record.offset) for item in result.items]
-        self.cache.ack_when_flushed(max(item.state_epoch for item in result.items), lambda: _ack(acks))
+        self.cache.ack_when_flushed(max(item.state_round for item in result.items), lambda: _ack(acks))
 
 
 @functools.lru_cache(maxsize=8)

@@ -16,9 +16,18 @@ import orjson
 from faust.cli import AppCommand, argument, option
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from agents import control
-from agents.avro import input_writer
-from agents.deployment import Deployment, DeploymentError, ModelRef, deploy, initial, promote, rollback, set_shadow
+from agents.formats.avro import input_writer
+from agents.model import control
+from agents.model.deployment import (
+    Deployment,
+    DeploymentError,
+    ModelRef,
+    deploy,
+    initial,
+    promote,
+    rollback,
+    set_shadow,
+)
 from app.loadgen import produce
 from app.settings import Settings
 from app.synthetic import generator_for
@@ -27,7 +36,7 @@ from tables.spec import SpecError, load_spec
 from tables.spec import describe as describe_spec
 
 if TYPE_CHECKING:
-    from agents.runtime import ModelFiles
+    from agents.model.runtime import ModelFiles
 
 __all__ = ["register"]
 
@@ -130,7 +139,7 @@ def register(app: faust.App, settings: Settings) -> None:
         seam model shadow PATH|off   start, replace or stop a shadow model
         seam model status            the deployment the workers converge on
         """
-        from agents.runtime import ModelFileError, ModelFiles  # ONNX Runtime: only for the commands that need it
+        from agents.model.runtime import ModelFileError, ModelFiles  # ONNX Runtime: only for the commands that need it
 
         bootstrap, topic = settings.broker_bootstrap, settings.model_control_topic
         await ensure_topics(bootstrap, [], 1, settings.topic_replication_factor, compacted=[topic])
@@ -200,7 +209,7 @@ def register(app: faust.App, settings: Settings) -> None:
             raise SystemExit(f"seam spec check: {exc}") from None
         self.say(f"{spec_path}: {describe_spec(spec)}")
         if model_path is not None:
-            from agents.runtime import ModelContractError, ModelRuntime
+            from agents.model.runtime import ModelContractError, ModelRuntime
 
             try:
                 runtime = ModelRuntime.load(Path(model_path), feature_names=spec.names, device="cpu")

@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import murmur2
 
 from app.topics import ensure_topics
+from tables.kafka import append, partition_of
 
 __all__ = ["ProduceReport", "produce"]
 
@@ -57,7 +57,7 @@ async def produce(
     """Send ``rate`` records per second for ``duration_s`` seconds (or until ``stop()`` is true, checked
     every tick); wait for every ack. Each record's Kafka key is its ``key_field`` (the spec's key).
 
-    ``encode`` turns a record into its value (JSON by default; an :class:`agents.avro.AvroWriter` for
+    ``encode`` turns a record into its value (JSON by default; an :class:`agents.formats.avro.AvroWriter` for
     Avro). Each record's Kafka timestamp is the wall-clock time (epoch ms) at which it was handed to the
     producer; ``on_sent(record, timestamp_ms)`` is told it (the benchmark measures latency from it).
     """
@@ -72,7 +72,7 @@ async def produce(
     pending: list[asyncio.Future[object]] = []
     try:
         count = len(await producer.partitions_for(topic))
-        partition_of: dict[bytes, int] = {}
+        partitions_by_key: dict[bytes, int] = {}
         started = time.monotonic()
         while sent < total and not (stop is not None and stop()):
             due = min(total, int((time.monotonic() - started) * rate) + 1)
@@ -81,17 +81,15 @@ async def produce(
             while sent < due:
                 tx, is_positive = next(generator)
                 key = tx[key_field].encode()
-                partition = partition_of.get(key)
+                partition = partitions_by_key.get(key)
                 if partition is None:
-                    partition = partition_of[key] = (murmur2(key) & 0x7FFFFFFF) % count  # Kafka's default
+                    partition = partitions_by_key[key] = partition_of(key, count)
                 batch = batches.get(partition)
                 if batch is None:
-                    batch = batches[partition] = producer.create_batch()
-                value = encode(tx)
-                if batch.append(key=key, value=value, timestamp=now_ms) is None:
-                    pending.append(await producer.send_batch(batch, topic, partition=partition))
-                    batch = batches[partition] = producer.create_batch()
-                    batch.append(key=key, value=value, timestamp=now_ms)
+                    batch = producer.create_batch()
+                batches[partition], full = append(batch, producer.create_batch, key, encode(tx), now_ms)
+                if full is not None:
+                    pending.append(await producer.send_batch(full, topic, partition=partition))
                 if on_sent is not None:
                     on_sent(tx, now_ms)
                 sent += 1

@@ -6,7 +6,7 @@ debug call (aiokafka one per message sent) only for the handler to drop it. :cla
 has no spinner, so the root logger stays at the level ``-l`` asks for.
 
 ``SEAM_LOG_FORMAT=json`` writes each record as one JSON object per line, for log collectors:
-``{"time": "2026-12-01T21:30:05.123Z", "level": "INFO", "logger": "agents.score", "message": "...",
+``{"time": "2026-12-01T21:30:05.123Z", "level": "INFO", "logger": "app.scoring", "message": "...",
 "worker": "<canonical url>"}`` plus ``"error"`` (the formatted exception) when there is one.
 """
 
@@ -19,6 +19,8 @@ from typing import Any
 import faust
 import orjson
 
+from tables.faust_compat import without_spinner
+
 __all__ = ["JsonFormatter", "SeamWorker", "logging_config"]
 
 
@@ -27,7 +29,7 @@ class SeamWorker(faust.Worker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.spinner = None
+        without_spinner(self)
 
 
 class JsonFormatter(logging.Formatter):

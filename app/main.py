@@ -45,9 +45,9 @@ def create_app(settings: Settings, spec: FeatureSpec | None = None) -> faust.App
     """A Faust app with seam's tables, scoring service, ingestion path, web views and commands, for ``spec``
     (default: the file ``SEAM_FEATURE_SPEC`` names)."""
     spec = load_spec(settings.feature_spec) if spec is None else spec
-    from agents import score
     from app import cli, views
     from app.logs import SeamWorker, logging_config
+    from app.scoring import install
     from tables.state import StateTables
 
     # The app id names the consumer group and prefixes the changelog topics ("<id>-card-state-changelog");
@@ -84,8 +84,8 @@ def create_app(settings: Settings, spec: FeatureSpec | None = None) -> faust.App
         table_standby_replicas=settings.standby_replicas,
     )
 
-    tables = StateTables(app, settings)
-    scoring = score.install(app, settings, tables, spec)
+    tables = StateTables(app, partitions=settings.topic_partitions, db_memory_mb=settings.state_db_memory_mb)
+    scoring = install(app, settings, tables, spec)
     views.register(app, settings, scoring, tables)
     cli.register(app, settings)
     return app

@@ -1,6 +1,6 @@
 """``seam dlq replay``: dead letters sent back to the input topic, as they were, once.
 
-A dead letter keeps its record's key, value and headers (:func:`agents.codec.dead_letter`). A record refused
+A dead letter keeps its record's key, value and headers (:func:`agents.formats.codec.dead_letter`). A record refused
 for a reason that passes (the schema registry was down: ``registry_unavailable``; the model failed on it:
 ``inference_error``) is scored once it is sent again. :func:`replay` reads the dead-letter topic up to its
 end as of the start, picks the letters of the chosen reasons, sends each one's original record to the input
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from agents.codec import Original, original_of
-from app.topics import assign_all
+from agents.formats.codec import Original, original_of
+from tables.kafka import assign_all
 
 __all__ = ["REPLAYED_FROM", "ReplayReport", "replay"]
 

@@ -10,13 +10,12 @@ import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from app.settings import Settings
 
-__all__ = ["assign_all", "declare_topics", "delete_topics", "ensure_topics", "partition_counts"]
+__all__ = ["declare_topics", "delete_topics", "ensure_topics"]
 
 
 async def ensure_topics(
@@ -76,34 +75,3 @@ async def delete_topics(bootstrap: str, containing: str) -> list[str]:
     finally:
         await admin.close()
     return names
-
-
-async def partition_counts(bootstrap: str, topics: list[str]) -> dict[str, int]:
-    """Ask the cluster how many partitions each topic has; raises ``LookupError`` for a missing one."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        described = await admin.describe_topics(topics)
-    finally:
-        await admin.close()
-    counts = {t["topic"]: len(t["partitions"]) for t in described if not t.get("error_code")}
-    missing = [t for t in topics if t not in counts]
-    if missing:
-        raise LookupError(f"topics {missing} do not exist")
-    return counts
-
-
-async def assign_all(
-    consumer: AIOKafkaConsumer, bootstrap: str, topics: list[str], *, from_end: bool,
-) -> list[TopicPartition]:
-    """Assign every partition of ``topics`` (which must exist) and seek to their start or end."""
-    counts = await partition_counts(bootstrap, topics)
-    partitions = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
-    consumer.assign(partitions)
-    if from_end:
-        await consumer.seek_to_end(*partitions)
-        for tp in partitions:
-            await consumer.position(tp)  # resolve the end now, not at the first fetch
-    else:
-        await consumer.seek_to_beginning(*partitions)
-    return partitions

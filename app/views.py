@@ -8,16 +8,16 @@ from typing import Any
 
 import aiohttp
 import faust
-from aiokafka.partitioner import murmur2
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agents.runtime import runtime_package
-from agents.score import ScoringService
+from agents.model.runtime import runtime_package
 from app.cluster import describe_cluster, local_view
-from app.faust_compat import group_distribution
+from app.scoring import ScoringService
 from app.settings import Settings
+from tables.faust_compat import group_distribution
 from tables.features import latest_features
+from tables.kafka import partition_of
 from tables.state import StateTables
 
 __all__ = ["PEER_TIMEOUT_S", "register"]
@@ -117,7 +117,7 @@ def register(app: faust.App, settings: Settings, scoring: ScoringService, tables
 
     def key_partition(key: str) -> int:
         """The input partition of a key (Kafka's default partitioner, as Faust routes)."""
-        return (murmur2(key.encode()) & 0x7FFFFFFF) % settings.topic_partitions
+        return partition_of(key.encode(), settings.topic_partitions)
 
     spec = scoring.spec
 

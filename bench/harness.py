@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-from aiokafka.partitioner import murmur2
 from rich.progress import Progress, TaskID
 
 from app.loadgen import produce
@@ -57,6 +56,7 @@ from bench.kafka import (
 )
 from bench.ort import BATCH_SIZES, measure_model
 from bench.promtext import Histogram, fetch, merged, since
+from tables.kafka import partition_of
 
 __all__ = ["MODES", "Plan", "run_all"]
 
@@ -243,7 +243,7 @@ class Bench:
         n = max(plan.sat_records, plan.ceiling_records if CEILING in plan.modes else 0)
         transactions = [next(generator)[0] for _ in range(n)]
         self.inputs = [(t["card_id"].encode(), orjson.dumps(t)) for t in transactions]
-        self.partitions = [(murmur2(key) & 0x7FFFFFFF) % PARTITIONS for key, _ in self.inputs]
+        self.partitions = [partition_of(key, PARTITIONS) for key, _ in self.inputs]
         self.after_inputs = generator  # the load phases continue the same stream
         self.saturation: dict[str, float] = {}
         self._references: dict[tuple[str, int], Expected] = {}

@@ -1,9 +1,9 @@
 """The scoring job as the per-record baselines run it (``naive``, ``async``, ``quix``), and its reference.
 
-Every mode computes the same thing as seam's pipeline: decode and validate with :mod:`agents.codec`, route
+Every mode computes the same thing as seam's pipeline: decode and validate with :mod:`agents.formats.codec`, route
 events below their partition's watermark to the late topic, apply the event to its card's state with
 :func:`tables.features.apply_event`, score the features, and encode the prediction with
-:meth:`agents.codec.Contract.prediction`. Only where the state lives and how the model is called differ.
+:meth:`agents.formats.codec.Contract.prediction`. Only where the state lives and how the model is called differ.
 """
 
 from __future__ import annotations
@@ -16,8 +16,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from agents.codec import DEFAULT_CONTRACT, Event, Invalid, JsonInput, dead_letter, decode_feature_record, late_record
-from agents.runtime import ModelInfo, ModelRuntime
+from agents.formats.codec import (
+    DEFAULT_CONTRACT,
+    Event,
+    Invalid,
+    JsonInput,
+    dead_letter,
+    decode_feature_record,
+    late_record,
+)
+from agents.model.runtime import ModelInfo, ModelRuntime
 from tables.features import DEFAULT_SPEC, KeyState, Watermark, apply_event, new_state
 
 __all__ = ["LATENESS_MS", "SCORE_TOLERANCE", "THRESHOLD", "Expected", "Prepared", "compare", "encode_prediction",

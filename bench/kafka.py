@@ -18,7 +18,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
 
-from app.topics import assign_all, delete_topics
+from app.topics import delete_topics
+from tables.kafka import assign_all
 
 __all__ = [
     "PARTITIONS", "OutputRecord", "delete_topics", "drop_backlog", "end_offsets", "output_span", "produce_inputs",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.boundary import BatchResult, ModelBoundary
-from agents.runtime import ModelRuntime
+from agents.model.boundary import BatchResult, ModelBoundary
+from agents.model.runtime import ModelRuntime
 from tables.features import DEFAULT_SPEC
 
 ROOT = Path(__file__).resolve().parent.parent

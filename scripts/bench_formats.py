@@ -10,7 +10,7 @@
 * **Per record**, in this process (no broker): best of ``--repeat`` passes over ``--micro-records`` of the
   same transactions, µs per record, of decode + validate (``codec.JsonInput.decode`` against
   ``AvroInput.decode``, its schema cached) and of encoding a prediction and its feature-log record
-  (``Contract.prediction`` + ``codec.feature_record`` against ``AvroOutputs``).
+  (``Contract.prediction`` + ``codec.feature_record`` against ``AvroEncoder``).
 * **Latency**, ``--latency-pairs`` times each: open-loop load at 25, 50 and 80 % of JSON's mean saturation,
   ``--seconds`` each, on one fresh worker per run; p50/p99 of the prediction's broker append time minus its
   input's.
@@ -45,9 +45,9 @@ from fastavro import parse_schema, schemaless_reader
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agents import codec  # noqa: E402
-from agents.avro import AvroInput, AvroOutputs, SchemaCache, input_writer, schema_for  # noqa: E402
-from agents.codec import DEFAULT_CONTRACT, Event  # noqa: E402
+from agents.formats import codec  # noqa: E402
+from agents.formats.avro import AvroEncoder, AvroInput, SchemaCache, input_writer, schema_for  # noqa: E402
+from agents.formats.codec import DEFAULT_CONTRACT, Event  # noqa: E402
 from app.loadgen import produce  # noqa: E402
 from app.localhost import free_port  # noqa: E402
 from app.synthetic import TransactionGenerator  # noqa: E402
@@ -201,7 +201,7 @@ async def per_record(json_values: Sequence[bytes], avro_values: Sequence[bytes],
     rng = random.Random(5)
     features = [tuple(rng.uniform(0, 500) for _ in DEFAULT_SPEC.names) for _ in txs]
     feature_set = DEFAULT_SPEC.version
-    outputs = AvroOutputs({"prediction": 1, "features": 2, "shadow-score": 3}, DEFAULT_CONTRACT)
+    outputs = AvroEncoder({"prediction": 1, "features": 2, "shadow-score": 3}, DEFAULT_CONTRACT)
 
     def encode_json() -> None:
         for tx, row in zip(txs, features, strict=True):

@@ -35,8 +35,8 @@ from bench_common import local_broker, publish
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agents import control  # noqa: E402
-from agents.deployment import ModelRef, deploy, initial, set_shadow  # noqa: E402
+from agents.model import control  # noqa: E402
+from agents.model.deployment import ModelRef, deploy, initial, set_shadow  # noqa: E402
 from app.loadgen import produce  # noqa: E402
 from app.synthetic import TransactionGenerator  # noqa: E402
 from app.topics import delete_topics, ensure_topics  # noqa: E402

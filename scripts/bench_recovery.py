@@ -42,7 +42,8 @@ from rich.console import Console
 
 from app.localhost import Subprocess, free_port, worker_argv, worker_env
 from app.synthetic import TransactionGenerator
-from app.topics import assign_all, ensure_topics
+from app.topics import ensure_topics
+from tables.kafka import assign_all
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTITIONS = 8

@@ -15,7 +15,7 @@ from collections import Counter
 import orjson
 from aiokafka import AIOKafkaConsumer
 
-from app.topics import assign_all
+from tables.kafka import assign_all
 
 BOOTSTRAP = os.environ.get("CHECK_BOOTSTRAP", "kafka:9092")
 INPUT = os.environ.get("CHECK_INPUT", "transactions")

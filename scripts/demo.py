@@ -33,9 +33,10 @@ from app.loadgen import produce
 from app.localhost import Subprocess, worker_argv
 from app.settings import Settings
 from app.synthetic import Synthetic, generator_for
-from app.topics import assign_all, delete_topics
+from app.topics import delete_topics
 from bench.promtext import Histogram, fetch, histograms, merged
 from specs import EXAMPLE_SPEC
+from tables.kafka import assign_all
 from tables.spec import FeatureSpec, SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,16 +22,22 @@ from typing import Any
 import faust
 import orjson
 
-from agents import ingest
+from agents.commit.checkpoint import Checkpoint
+from agents.commit.guarantee import AtLeastOnce
+from agents.ingest import consumer as ingest
+from agents.ingest.records import RecordBatch
+from agents.observe.metrics import BoundaryMetrics
+from tables.cache import StateCache
 
 MODE = os.environ.get("PT_MODE", "batch")
 FAIL_OFFSET = int(os.environ.get("PT_FAIL_OFFSET", "-1"))
 REVOKE_DELAY_S = float(os.environ.get("PT_REVOKE_DELAY_S", "0"))
 logger = logging.getLogger("passthrough")
 
+BROKER = os.environ.get("PT_BROKER", "kafka://127.0.0.1:9092")
 app = faust.App(
     os.environ.get("PT_APP_ID", "passthrough"),
-    broker=os.environ.get("PT_BROKER", "kafka://127.0.0.1:9092"),
+    broker=BROKER,
     store="memory://",
     datadir=os.environ.get("PT_DATA_DIR", ".data/passthrough"),
     key_serializer="raw",
@@ -57,19 +63,39 @@ async def send(key: bytes | None, value: bytes) -> Any:
 
 in_flight: set[asyncio.Future[Any]] = set()
 
-if MODE == "batch":
-    ingestion = ingest.install(app)
 
-    @ingestion.before_revoke
-    async def deliver_in_flight() -> None:
+
+class InFlight:
+    """The outputs on their way, as a commit sees them: this app keeps no state."""
+
+    metrics = BoundaryMetrics()
+    cache: StateCache | None = None
+
+    @property
+    def should_stop(self) -> bool:
+        return bool(app.should_stop)
+
+    async def deliver_in_flight(self) -> None:
         if REVOKE_DELAY_S:
             logger.warning("revoke hook holding for %.1f s", REVOKE_DELAY_S)
             await asyncio.sleep(REVOKE_DELAY_S)
+        await self.delivered()
+
+    async def delivered(self) -> None:
         if in_flight:
             await asyncio.wait(list(in_flight))
 
+    async def crash(self, reason: BaseException) -> None:
+        await app.crash(reason)
+
+
+if MODE == "batch":
+    # No state, so nothing of the guarantee but the offsets it commits (its producers are never started).
+    guarantee = AtLeastOnce(bootstrap=BROKER.removeprefix("kafka://"), input_topic=input_topic.get_topic_name())
+    ingestion = ingest.install(app, Checkpoint(app, guarantee, InFlight()))
+
     @ingestion.batch_agent(app, input_topic)
-    async def passthrough_batches(batch: ingest.RecordBatch) -> None:
+    async def passthrough_batches(batch: RecordBatch) -> None:
         if batch.partition == 0 and any(r.offset == FAIL_OFFSET for r in batch.records):
             raise RuntimeError(f"PT_FAIL_OFFSET {FAIL_OFFSET} reached")
         futures = [await send(r.key, transform(r.partition, r.offset, r.value)) for r in batch.records]

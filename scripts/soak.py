@@ -47,8 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kafka_local  # noqa: E402
 
 from app.synthetic import TransactionGenerator  # noqa: E402
-from app.topics import assign_all, ensure_topics  # noqa: E402
+from app.topics import ensure_topics  # noqa: E402
 from bench.promtext import fetch, histograms  # noqa: E402
+from tables.kafka import assign_all  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTITIONS = 4

@@ -7,7 +7,7 @@
     python scripts/train_model.py --bench-depth 2000 --name fraud-mlp-bench --out models/fraud-mlp-bench.onnx
 
 Records come from the spec's synthetic stream (``app.synthetic.generator_for``) and go through the same
-code the workers run: decoded and validated by the spec's contract (``agents.codec``), routed by the
+code the workers run: decoded and validated by the spec's contract (``agents.formats.codec``), routed by the
 watermark with the spec's allowed lateness, their features computed by ``tables.features`` in arrival
 order, so training and serving cannot drift apart. The model's ``feature_names`` are the spec's. The
 network is a small MLP trained with numpy (Adam, weighted binary cross-entropy); the ONNX graph includes
@@ -32,7 +32,7 @@ import onnx
 import orjson
 from onnx import TensorProto, helper, numpy_helper
 
-from agents.codec import Contract, Event, JsonInput
+from agents.formats.codec import Contract, Event, JsonInput
 from app.synthetic import generator_for
 from specs import EXAMPLE_SPEC
 from tables.features import Watermark, apply_event, new_state

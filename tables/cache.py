@@ -4,7 +4,7 @@ Writing a key's state to the table on every event costs a RocksDB put and a chan
 time. The cache keeps the states this worker is updating in memory, and a flush writes each changed
 key once, however many of its events arrived since the last flush (its header, plus any chunk the
 flush seals, rewrites or deletes: :mod:`tables.key_store`), and each changed watermark once. The
-caller decides when a flush runs (:mod:`agents.checkpoint`, :mod:`agents.score`):
+caller decides when a flush runs (:mod:`agents.commit.guarantee`, in the steps of a commit):
 
 * batch ingestion, at least once: behind, every ``SEAM_STATE_WRITE_INTERVAL_S`` (0.25 s) while some
   key has changed and no rebalance runs, and once more right before every offset commit for the
@@ -15,9 +15,9 @@ caller decides when a flush runs (:mod:`agents.checkpoint`, :mod:`agents.score`)
 * stream ingestion: after every record, written through Faust's tables.
 
 Ordering guarantee: a record whose state change is only in the cache must not have its offset
-committed. Every change is stamped with the cache's current ``epoch``; the pipeline asks
+committed. Every change is stamped with the cache's current ``write_round``; the pipeline asks
 :meth:`StateCache.ack_when_flushed` to hold a record's acknowledgement until a flush has written the
-epoch it was stamped with.
+write round it was stamped with.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import TypeVar
 
 from tables.features import DEFAULT_SPEC, FeatureSpec, KeyState, Watermark, memory_bytes, new_state
 from tables.key_store import Packed, Stored, events_held, held_of
@@ -83,8 +82,8 @@ class StateCache:
         self._watermarks: dict[int, Watermark] = {}
         self._dirty_watermarks: set[int] = set()
         self._deferred: list[tuple[int, Callable[[], object]]] = []
-        self.epoch = 0  # stamped on changes; a flush writes the changes of the epochs before it
-        self._flushed_epoch = 0  # changes stamped below this are written
+        self.write_round = 0  # stamped on changes; a flush writes the changes of the rounds before it
+        self._flushed_round = 0  # changes stamped below this are written
         self.flushes = 0
         self.writes = 0
         self.last_events_held = 0  # events in the cached states as of their last write (or load)
@@ -198,12 +197,12 @@ class StateCache:
         """Mark a partition's watermark changed."""
         self._dirty_watermarks.add(partition)
 
-    def ack_when_flushed(self, stamped_epoch: int, ack: Callable[[], object]) -> None:
-        """Run ``ack`` now if the change stamped ``stamped_epoch`` is flushed, else once it is."""
-        if stamped_epoch < self._flushed_epoch:
+    def ack_when_flushed(self, stamped_round: int, ack: Callable[[], object]) -> None:
+        """Run ``ack`` now if the change stamped ``stamped_round`` is flushed, else once it is."""
+        if stamped_round < self._flushed_round:
             ack()
         else:
-            self._deferred.append((stamped_epoch, ack))
+            self._deferred.append((stamped_round, ack))
 
     def flush(self, *, trim: bool = True) -> int:
         """Write every changed state and watermark to the tables; release held acks; return writes.
@@ -226,8 +225,8 @@ class StateCache:
         to its newest event, which must not pass events of other keys that were not written yet).
         Acknowledgements of changes made after the flush started still wait for the next flush.
         """
-        epoch = self.epoch
-        self.epoch += 1  # changes from now on are acknowledged after the next flush
+        flushing_round = self.write_round
+        self.write_round += 1  # changes from now on are acknowledged after the next flush
         partitions = sorted(set(self._dirty) | self._dirty_watermarks | self._dirty_layouts)
         writes = 0
         for partition in partitions:
@@ -242,7 +241,7 @@ class StateCache:
             writes += self._write(partition, list(last.items()))
             writes += self._write_watermark(partition)
             yield writes
-        self._flushed(epoch, writes, trim)
+        self._flushed(flushing_round, writes, trim)
         yield writes
 
     def _write(self, partition: int, keys: Sequence[tuple[str, set[int]]]) -> int:
@@ -279,12 +278,12 @@ class StateCache:
             self._store_watermark(watermark.max_ts)
         return written + 1
 
-    def _flushed(self, epoch: int, writes: int, trim: bool) -> None:
-        self._flushed_epoch = epoch + 1
+    def _flushed(self, flushed_round: int, writes: int, trim: bool) -> None:
+        self._flushed_round = flushed_round + 1
         self.flushes += 1
         self.writes += writes
-        ready = [ack for stamped, ack in self._deferred if stamped <= epoch]
-        self._deferred = [(stamped, ack) for stamped, ack in self._deferred if stamped > epoch]
+        ready = [ack for stamped, ack in self._deferred if stamped <= flushed_round]
+        self._deferred = [(stamped, ack) for stamped, ack in self._deferred if stamped > flushed_round]
         for ack in ready:
             ack()
         if trim:
@@ -354,11 +353,3 @@ class StateCache:
     def dirty_keys(self) -> int:
         """How many key states wait for the next flush."""
         return sum(len(ids) for ids in self._dirty.values())
-
-
-_T = TypeVar("_T")
-
-
-def _chunks(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]

@@ -12,7 +12,7 @@ mid-flush and restarted on its folder finds in RocksDB nothing the changelog lac
 changelog got beyond the last stored offset comes back from it.
 
 Exactly-once mode stages the same encoded writes in transactions instead (see
-:mod:`agents.transactions`) and writes the stores only after the transaction commits.
+:mod:`agents.commit.transactions`) and writes the stores only after the transaction commits.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import rocksdict
 from aiokafka import AIOKafkaProducer
 from faust.types import TP
 
-from app.faust_compat import (
+from tables.faust_compat import (
     encode_key,
     encode_value,
     persist_changelog_offset,
@@ -34,6 +34,7 @@ from app.faust_compat import (
     store_writes,
     uses_rocksdict,
 )
+from tables.kafka import append
 
 __all__ = ["ChangelogProducer", "ChangelogWriter", "SendMany", "Write", "encode", "persist_offsets", "send_many",
            "store"]
@@ -180,12 +181,10 @@ async def send_many(producer: AIOKafkaProducer, topic: str, partition: int,
     sent: list[tuple[asyncio.Future[Any], int]] = []
     batch, count = producer.create_batch(), 0
     for key, value in records:
-        while batch.append(key=key, value=value, timestamp=None) is None:
-            if count == 0:
-                raise ValueError(f"a changelog record of {len(key) + len(value or b'')} bytes does not fit "
-                                 "in a batch")
-            sent.append((await producer.send_batch(batch, topic, partition=partition), count))
-            batch, count = producer.create_batch(), 0
+        batch, full = append(batch, producer.create_batch, key, value)
+        if full is not None:
+            sent.append((await producer.send_batch(full, topic, partition=partition), count))
+            count = 0
         count += 1
     if count:
         sent.append((await producer.send_batch(batch, topic, partition=partition), count))

@@ -13,8 +13,7 @@ from typing import Any
 
 import faust
 
-from app.faust_compat import raw_get, raw_get_many
-from app.settings import Settings
+from tables.faust_compat import raw_get, raw_get_many
 from tables.features import KeyState
 from tables.key_store import Stored, changes, decode, decode_many, stored_key
 
@@ -30,21 +29,21 @@ LAYOUT_KEY = b"layout"
 class StateTables:
     """The ``card-state`` and ``watermarks`` tables of one app, and how a key's state is read and written."""
 
-    def __init__(self, app: faust.App, settings: Settings) -> None:
+    def __init__(self, app: faust.App, *, partitions: int, db_memory_mb: int) -> None:
         # Faust's RocksDB defaults give every partition's database a 2 GiB block cache and three 64 MiB
         # memtables, so a worker's memory would grow with the state it has read back, far past the
         # state cache's bound. Each card-state partition gets SEAM_STATE_DB_MEMORY_MB: half block
         # cache, half write buffers (two of a quarter each); the watermarks' databases hold one key each.
         state_db = {
-            "block_cache_size": settings.state_db_memory_mb * MIB // 2,
-            "write_buffer_size": settings.state_db_memory_mb * MIB // 4,
+            "block_cache_size": db_memory_mb * MIB // 2,
+            "write_buffer_size": db_memory_mb * MIB // 4,
             "max_write_buffer_number": 2,
         }
         # Keys: a key id (UTF-8) for the key's header, and key id + NUL + chunk for each sealed
         # chunk of its events; values: JSON (see tables.key_store), raw bytes in store and changelog.
         self.state_table: Any = app.Table(
             "card-state",  # named by earlier seams: its changelog holds every deployed worker's state
-            partitions=settings.topic_partitions,
+            partitions=partitions,
             key_type=bytes,
             value_type=bytes,
             options=state_db,
@@ -52,7 +51,7 @@ class StateTables:
         )
         self.watermarks: Any = app.Table(
             "watermarks",
-            partitions=settings.topic_partitions,
+            partitions=partitions,
             key_type=bytes,
             options={"block_cache_size": MIB, "write_buffer_size": MIB, "max_write_buffer_number": 2},
             help="Highest event time seen per input partition.",

@@ -18,10 +18,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from agents.codec import FEATURE_RECORD_FORMAT, decode_feature_record
+from agents.formats.codec import FEATURE_RECORD_FORMAT, decode_feature_record
 from app.localhost import Subprocess, in_ci, worker_argv, worker_env
-from app.topics import assign_all, ensure_topics
+from app.topics import ensure_topics
 from tables.features import DEFAULT_SPEC
+from tables.kafka import assign_all
 
 PASSTHROUGH = Path(__file__).resolve().parents[2] / "scripts" / "passthrough_app.py"
 

@@ -26,11 +26,11 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema, schemaless_reader
 
-from agents.avro import frame, schema_for
+from agents.formats.avro import frame, schema_for
 from app.localhost import free_port, worker_env
 from app.synthetic import TransactionGenerator
-from app.topics import assign_all
 from tables.features import DEFAULT_SPEC
+from tables.kafka import assign_all
 from tests.integration.kafka_helpers import (
     Topics,
     Worker,

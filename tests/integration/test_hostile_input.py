@@ -11,8 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from agents import control
-from agents.deployment import Deployment, ModelRef
+from agents.model import control
+from agents.model.deployment import Deployment, ModelRef
 from app.localhost import free_port
 from app.synthetic import TransactionGenerator
 from tests.integration.kafka_helpers import (

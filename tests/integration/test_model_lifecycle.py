@@ -20,8 +20,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents import control
-from agents.deployment import CANARY_BUCKETS, Deployment, ModelRef, canary_bucket
+from agents.model import control
+from agents.model.deployment import CANARY_BUCKETS, Deployment, ModelRef, canary_bucket
 from app.loadgen import produce
 from app.localhost import free_port, worker_env
 from app.synthetic import TransactionGenerator

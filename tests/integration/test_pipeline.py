@@ -10,11 +10,11 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka.partitioner import murmur2
 
 from app.localhost import free_port
 from app.synthetic import TransactionGenerator
 from tables.features import DEFAULT_SPEC
+from tables.kafka import partition_of
 from tests.integration.kafka_helpers import (
     Topics,
     Worker,
@@ -61,7 +61,7 @@ def stream_with_late_and_duplicates(count: int, seed: int, prefix: str, cards: i
 
 def with_partitions(events: list[dict[str, Any]], partitions: int) -> list[dict[str, Any]]:
     """Attach the partition Kafka's default partitioner gives each card id (as the producer does)."""
-    return [e | {"partition": (murmur2(e["card_id"].encode()) & 0x7FFFFFFF) % partitions} for e in events]
+    return [e | {"partition": partition_of(e["card_id"].encode(), partitions)} for e in events]
 
 
 @pytest.fixture(scope="module", params=["batch", "stream"])

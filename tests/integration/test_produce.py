@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from agents.codec import Contract, Event, JsonInput
+from agents.formats.codec import Contract, Event, JsonInput
 from app.localhost import worker_env
 from specs import SPECS
 from tables.spec import load_spec

@@ -1,11 +1,11 @@
-"""agents.acks: the committable offset of a partition, from scripted sequences of acks, gaps and seeks."""
+"""agents.ingest.acks: the committable offset of a partition, from scripted sequences of acks, gaps and seeks."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.acks import AckLedger
+from agents.ingest.acks import AckLedger
 
 TP = ("t", 0)
 

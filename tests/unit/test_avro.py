@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
-from agents.avro import (
+from agents.formats.avro import (
+    AvroEncoder,
     AvroInput,
-    AvroOutputs,
     AvroWriter,
     RegistryUnavailable,
     SchemaCache,
@@ -23,8 +23,8 @@ from agents.avro import (
     schema_for,
     writer_schema,
 )
-from agents.codec import DEFAULT_CONTRACT, Contract, Event, Invalid, late_record
-from agents.formats import json_format
+from agents.formats.codec import DEFAULT_CONTRACT, Contract, Event, Invalid, late_record
+from agents.formats.record_format import json_format
 from tables.features import DEFAULT_SPEC
 from tests.specs import fraud_like
 
@@ -181,7 +181,7 @@ def read(name: str, value: bytes, schema_id: int) -> dict[str, Any]:
 
 
 def test_outputs_are_written_in_their_schemas_with_their_ids() -> None:
-    outputs = AvroOutputs({"prediction": 11, "features": 12, "shadow-score": 13}, DEFAULT_CONTRACT)
+    outputs = AvroEncoder({"prediction": 11, "features": 12, "shadow-score": 13}, DEFAULT_CONTRACT)
     tx = Event("e-1", "c-1", TX["ts"], (12.5, "m-1"))
     prediction = read("prediction", outputs.prediction(tx, score=0.75, threshold=0.5, model="fraud-mlp@1",
                                                        queue_ms=1.23456, infer_ms=0.5, batch_size=3), 11)
@@ -210,14 +210,14 @@ def test_the_example_spec_derives_the_schemas_seam_registered_before_specs() -> 
                                       ("model", "string")]
     features = dict(fields("features"))["features"]
     assert [(f["name"], f["type"]) for f in features["fields"]] == [(n, "double") for n in DEFAULT_SPEC.names]
-    AvroOutputs.check(DEFAULT_CONTRACT)
+    AvroEncoder.check(DEFAULT_CONTRACT)
 
 
 def test_another_spec_gets_schemas_of_its_own_names() -> None:
     spec = fraud_like((30,), 30, 30)
     other = dict(schema_for("features", spec)["fields"][4]["type"])
     assert [f["name"] for f in other["fields"]] == list(spec.names)
-    AvroOutputs.check(Contract(spec))
+    AvroEncoder.check(Contract(spec))
 
 
 def test_a_late_avro_record_carries_its_fields_and_its_original_bytes() -> None:
@@ -237,9 +237,9 @@ def test_the_writer_matches_fastavro_and_the_framing() -> None:
 
 
 def test_a_schema_changed_without_its_encoder_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    import agents.avro
+    import agents.formats.avro
 
-    original = agents.avro.schema_for
+    original = agents.formats.avro.schema_for
 
     def reordered(name: str, spec: Any) -> dict[str, Any]:
         schema = original(name, spec)
@@ -248,9 +248,9 @@ def test_a_schema_changed_without_its_encoder_refuses_to_start(monkeypatch: pyte
             schema["fields"] = [*fields[:3], fields[4], fields[3], *fields[5:]]
         return schema
 
-    monkeypatch.setattr(agents.avro, "schema_for", reordered)
+    monkeypatch.setattr(agents.formats.avro, "schema_for", reordered)
     with pytest.raises(ValueError, match=r"the prediction schema does not match what seam writes"):
-        AvroOutputs.check(DEFAULT_CONTRACT)
+        AvroEncoder.check(DEFAULT_CONTRACT)
 
 
 def test_writer_schemas_that_declare_the_contract_skip_the_type_checks_and_others_get_them() -> None:
@@ -303,7 +303,7 @@ async def test_a_registry_answer_larger_than_the_limit_is_not_read() -> None:
     """An answer of more than MAX_ANSWER_BYTES (a broken or hostile registry) is refused, not read into memory."""
     from aiohttp import web
 
-    from agents.avro import MAX_ANSWER_BYTES, SchemaRegistry
+    from agents.formats.avro import MAX_ANSWER_BYTES, SchemaRegistry
 
     async def huge(request: web.Request) -> web.Response:
         return web.Response(body=b'{"schema": "' + b"x" * (MAX_ANSWER_BYTES + 10) + b'"}',

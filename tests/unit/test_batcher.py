@@ -1,4 +1,4 @@
-"""Unit tests for agents.batcher: size and oldest-item-age release, FIFO take (fake clock)."""
+"""Unit tests for agents.model.batcher: size and oldest-item-age release, FIFO take (fake clock)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from agents.batcher import Batcher, Pending
+from agents.model.batcher import Batcher, Pending
 
 PROPERTY = hsettings(max_examples=150, derandomize=True, database=None, deadline=None)
 MakeBatcher = Callable[..., Batcher[str]]

@@ -1,4 +1,4 @@
-"""Unit tests for agents.batcher's SLA rules: deadlines, the adaptive size target and its estimators.
+"""Unit tests for agents.model.batcher's SLA rules: deadlines, the adaptive size target and its estimators.
 
 Everything here is pure and clock-injected: times are plain floats passed to ``add`` / ``ready``.
 """
@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from agents.batcher import Batcher, LatencyModel, Pending, RateEstimator
+from agents.model.batcher import Batcher, LatencyModel, Pending, RateEstimator
 
 PROPERTY = hsettings(max_examples=200, derandomize=True, database=None, deadline=None)
 MS = 0.001

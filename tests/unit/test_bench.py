@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from agents.codec import feature_record
+from agents.formats.codec import feature_record
 from app.synthetic import TransactionGenerator
 from bench.capacity import kept_up, next_probe
 from bench.harness import latency_percentiles, steady_rate, worker_stages

@@ -1,4 +1,4 @@
-"""Unit tests for agents.boundary.ModelBoundary: batching, ordering, failures, deadlines and backpressure.
+"""Unit tests for agents.model.boundary.ModelBoundary: batching, ordering, failures, deadlines and backpressure.
 
 No Kafka and no wall-clock assertions: the boundary runs on an injected fake clock wherever time matters,
 predict functions are real numpy code on the real inference thread, and every wait is bounded by a hang
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agents.batcher import LatencyModel
-from agents.boundary import BatchObserver, BatchResult, BoundaryStats, ModelBoundary
-from agents.runtime import ModelInfo, ModelRuntime
+from agents.model.batcher import LatencyModel
+from agents.model.boundary import BatchObserver, BatchResult, BoundaryStats, ModelBoundary
+from agents.model.runtime import ModelInfo, ModelRuntime
 
 WIDTH = 15
 GUARD_S = 10.0  # hang guard only: every awaited outcome below happens without waiting on a clock

@@ -306,10 +306,10 @@ def test_flushed_state_and_watermark_restore_into_a_new_cache(
 
 def test_flush_increments_the_epoch_even_with_nothing_to_write(make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache()
-    assert cache.epoch == 0
+    assert cache.write_round == 0
     cache.flush()
     cache.flush()
-    assert cache.epoch == 2 and cache.flushes == 2 and cache.writes == 0
+    assert cache.write_round == 2 and cache.flushes == 2 and cache.writes == 0
 
 
 def test_ack_of_the_current_epoch_waits_for_the_next_flush_then_runs_once(
@@ -317,8 +317,8 @@ def test_ack_of_the_current_epoch_waits_for_the_next_flush_then_runs_once(
 ) -> None:
     cache = make_cache()
     runs: list[str] = []
-    cache.ack_when_flushed(cache.epoch, lambda: runs.append("a"))
-    cache.ack_when_flushed(cache.epoch, lambda: runs.append("b"))
+    cache.ack_when_flushed(cache.write_round, lambda: runs.append("a"))
+    cache.ack_when_flushed(cache.write_round, lambda: runs.append("b"))
     assert runs == []
     cache.flush()
     assert runs == ["a", "b"]
@@ -328,7 +328,7 @@ def test_ack_of_the_current_epoch_waits_for_the_next_flush_then_runs_once(
 
 def test_ack_of_an_older_epoch_runs_immediately(make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache()
-    stamped = cache.epoch
+    stamped = cache.write_round
     cache.flush()
     runs: list[int] = []
     cache.ack_when_flushed(stamped, lambda: runs.append(stamped))
@@ -345,7 +345,7 @@ def test_deferred_acks_run_after_the_writes_they_wait_for(
     cache.touch(0, "c")
     cache.watermark(0).observe(T)
     cache.touch_watermark(0)
-    cache.ack_when_flushed(cache.epoch, lambda: tables.log.append(("ack", None, None)))
+    cache.ack_when_flushed(cache.write_round, lambda: tables.log.append(("ack", None, None)))
     cache.flush()
     assert [op for op, _, _ in tables.log if op != "load_state" and op != "load_watermark"] == [
         "store_state", "store_watermark", "ack"]
@@ -355,7 +355,7 @@ def test_ack_stamped_after_a_flush_waits_for_the_following_one(make_cache: Calla
     cache = make_cache()
     cache.flush()
     runs: list[str] = []
-    cache.ack_when_flushed(cache.epoch, lambda: runs.append("late"))
+    cache.ack_when_flushed(cache.write_round, lambda: runs.append("late"))
     assert runs == []
     cache.flush()
     assert runs == ["late"]
@@ -375,7 +375,7 @@ def test_forget_drops_states_watermarks_dirty_marks_and_deferred_acks(
     cache.watermark(0).observe(T + 1)
     cache.touch_watermark(0)
     runs: list[str] = []
-    cache.ack_when_flushed(cache.epoch, lambda: runs.append("ack"))
+    cache.ack_when_flushed(cache.write_round, lambda: runs.append("ack"))
     cache.forget()
     assert cache.dirty_keys() == 0
     assert cache.state(0, "c")["id"] == ("stored",)  # reloaded: the unflushed change is gone
@@ -458,7 +458,7 @@ def test_counters_accumulate_flushes_and_writes(make_cache: Callable[..., StateC
     cache.touch(1, "c")
     assert cache.flush() == 1
     cache.flush()
-    assert (cache.flushes, cache.writes, cache.epoch) == (3, 4, 3)
+    assert (cache.flushes, cache.writes, cache.write_round) == (3, 4, 3)
 
 
 # --- consistency of a restored card and its partition's watermark ---------------------------------------------

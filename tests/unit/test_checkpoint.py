@@ -1,4 +1,5 @@
-"""agents.checkpoint: the commit protocol's steps and their order, over small real parts and test doubles."""
+"""agents.commit.checkpoint and agents.commit.guarantee: a commit's steps and their order under each guarantee,
+over small real parts (state cache, changelog writer, the guarantees) and test doubles for the broker side."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from faust.types import TP
 
-from agents import checkpoint as checkpoint_module
-from agents.checkpoint import Checkpoint
-from agents.ingest import SkipCommit
-from agents.metrics import BoundaryMetrics
+from agents.commit import guarantee as guarantee_module
+from agents.commit.checkpoint import Checkpoint
+from agents.commit.guarantee import AtLeastOnce, ExactlyOnce, guarantee_for
+from agents.observe.metrics import BoundaryMetrics
 from tables.cache import StateCache
 from tables.changelog import ChangelogWriter
 from tables.features import KeyState, apply_event
@@ -24,20 +26,19 @@ T = 1_764_500_000_000
 
 
 class Scoring:
-    """The scoring service as a checkpoint sees it, recording what is done to it, in order."""
+    """The work in flight as a checkpoint sees it (agents.commit.checkpoint.Work), recording what is done to it."""
 
     def __init__(self, cache: StateCache, log: list[str]) -> None:
         self.log = log
-        self.pipeline: Any = SimpleNamespace(cache=cache, delivered=self._delivered)
-        self.models: Any = SimpleNamespace(flush=self._flush)
+        self.cache: StateCache | None = cache
         self.metrics = BoundaryMetrics()
         self.stopping = False
         self.crashed: list[BaseException] = []
 
-    async def _delivered(self) -> None:
+    async def delivered(self) -> None:
         self.log.append("outputs delivered")
 
-    async def _flush(self) -> None:
+    async def deliver_in_flight(self) -> None:
         self.log.append("boundary drained")
 
     @property
@@ -48,9 +49,32 @@ class Scoring:
         self.crashed.append(reason)
 
 
+class Consumer:
+    """The consumer as a commit sees it (agents.commit.checkpoint.Offsets): offsets 0..9 of t[0] are done."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.stopping = False
+        self.offsets = {TP("t", 0): 10}
+        self.in_transactions: dict[TP, int] = {}
+
+    def committable_offsets(self) -> dict[TP, int]:
+        return dict(self.offsets)
+
+    async def commit_group_offsets(self, offsets: dict[TP, int]) -> bool:
+        self.log.append(f"offsets {dict(offsets)}")
+        return True
+
+    def committed_in_transactions(self, offsets: dict[TP, int]) -> None:
+        self.in_transactions.update(offsets)
+
+
 class App:
     rebalancing = False
     producer = SimpleNamespace(buffer=SimpleNamespace(size=0, state="running"))
+
+    def __init__(self, log: list[str]) -> None:
+        self.consumer = Consumer(log)
 
 
 def make_cache(table: Table, log: list[str]) -> tuple[StateCache, list[Any]]:
@@ -89,10 +113,11 @@ class Broker:
 
 
 @dataclass
-class AtLeastOnce:
+class AtLeastOnceParts:
     """An at-least-once checkpoint over a real state cache and changelog writer, and its test doubles."""
 
     checkpoint: Checkpoint
+    guarantee: AtLeastOnce
     scoring: Scoring
     broker: Broker
     cache: StateCache
@@ -100,15 +125,17 @@ class AtLeastOnce:
     log: list[str]
 
 
-def at_least_once(write_interval_s: float = 0.25) -> AtLeastOnce:
+def at_least_once(write_interval_s: float = 0.25) -> AtLeastOnceParts:
     log: list[str] = []
     table, broker = Table("cards"), Broker(log)
     cache, writer = make_cache(table, log)
     changelog = ChangelogWriter(broker.send, scope_for(table))
-    writer.append(changelog.write)
+    guarantee = AtLeastOnce(bootstrap="127.0.0.1:1", input_topic="t", write_interval_s=write_interval_s,
+                            changelog=changelog)
+    writer.append(guarantee.table_write)
     scoring = Scoring(cache, log)
-    checkpoint = Checkpoint(scoring, App(), changelog=changelog, write_interval_s=write_interval_s)
-    return AtLeastOnce(checkpoint, scoring, broker, cache, table, log)
+    checkpoint = Checkpoint(App(log), guarantee, scoring)
+    return AtLeastOnceParts(checkpoint, guarantee, scoring, broker, cache, table, log)
 
 
 async def test_at_least_once_writes_the_state_then_the_changelog_and_releases_acks_only_then() -> None:
@@ -117,9 +144,9 @@ async def test_at_least_once_writes_the_state_then_the_changelog_and_releases_ac
     change(cache, "a")
     change(cache, "b")
     acked: list[str] = []
-    cache.ack_when_flushed(cache.epoch, lambda: acked.append("ack"))
-    await checkpoint.before_offsets()
-    assert log == ["stage a", "stage b", "changelog 2"]
+    cache.ack_when_flushed(cache.write_round, lambda: acked.append("ack"))
+    assert await checkpoint.commit("faust")
+    assert log == ["stage a", "stage b", "changelog 2", "offsets {TP(topic='t', partition=0): 10}"]
     assert acked == ["ack"]
     assert set(table.data.rows) == {(0, b'"a"'), (0, b'"b"')}  # in the local store too
     assert scoring.metrics.state_writes._value.get() == 2
@@ -130,14 +157,13 @@ async def test_a_changelog_that_cannot_be_written_skips_the_commit_and_stops_the
     checkpoint, scoring, broker, cache = at.checkpoint, at.scoring, at.broker, at.cache
     change(cache, "a")
     broker.fail = ConnectionError("broker gone")
-    with pytest.raises(SkipCommit):
-        await checkpoint.before_offsets()
+    assert not await checkpoint.commit("faust")  # skipped
     await asyncio.sleep(0)
     assert [type(e) for e in scoring.crashed] == [ConnectionError]
     change(cache, "b")
     broker.fail = None
-    with pytest.raises(SkipCommit):  # and no later commit goes either
-        await checkpoint.before_offsets()
+    assert not await checkpoint.commit("faust")  # and no later commit goes either
+    assert not any(line.startswith("offsets") for line in at.log)
 
 
 async def test_exactly_once_drains_the_boundary_then_waits_for_outputs_then_stages_state() -> None:
@@ -146,19 +172,21 @@ async def test_exactly_once_drains_the_boundary_then_waits_for_outputs_then_stag
     cache, writer = make_cache(table, log)
     staged: list[Any] = []
     writer.append(lambda *write: staged.append(write))
-    transactions: Any = SimpleNamespace(staged=0)
+    guarantee = ExactlyOnce(bootstrap="127.0.0.1:1", group_id="g", input_topic="t", current_epoch=lambda: 0)
     scoring = Scoring(cache, log)
-    checkpoint = Checkpoint(scoring, App(), transactions=transactions)
+    app = App(log)
+    app.consumer.offsets = {}  # no transaction to commit: none needs a broker here
+    checkpoint = Checkpoint(app, guarantee, scoring)
     change(cache, "a")
-    await checkpoint.before_offsets()
+    assert await checkpoint.commit("faust")
     assert log == ["boundary drained", "outputs delivered", "stage a"]
     assert len(staged) == 1 and table.data.rows == {}  # RocksDB gets it only after the commit
 
 
 async def test_state_is_written_behind_between_commits_until_the_worker_stops() -> None:
     at = at_least_once(write_interval_s=0.01)
-    checkpoint, scoring, cache, log = at.checkpoint, at.scoring, at.cache, at.log
-    behind = asyncio.ensure_future(checkpoint.write_behind())
+    scoring, cache, log = at.scoring, at.cache, at.log
+    behind = asyncio.ensure_future(at.guarantee.write_behind(scoring, App(log)))
     change(cache, "a")
     for _ in range(100):
         await asyncio.sleep(0.01)
@@ -169,21 +197,24 @@ async def test_state_is_written_behind_between_commits_until_the_worker_stops() 
     await asyncio.wait_for(behind, 1)
 
 
-def test_a_checkpoint_writes_state_one_way() -> None:
-    log: list[str] = []
-    cache, _ = make_cache(Table("cards"), log)
-    with pytest.raises(ValueError):
-        Checkpoint(Scoring(cache, log), App())
+def test_the_guarantee_is_chosen_once_by_its_name() -> None:
+    options: dict[str, Any] = {"bootstrap": "127.0.0.1:1", "group_id": "g", "input_topic": "t",
+                               "feature_log_topic": None, "write_interval_s": 0.25, "current_epoch": lambda: 0}
+    at_least, exactly = guarantee_for("at_least_once", **options), guarantee_for("exactly_once", **options)
+    assert isinstance(at_least, AtLeastOnce) and not at_least.cuts and at_least.commits_on_acks
+    assert isinstance(exactly, ExactlyOnce) and exactly.cuts and not exactly.commits_on_acks and exactly.read_committed
 
 
-async def test_a_changelog_write_lost_while_stopping_skips_the_commit_without_a_crash() -> None:
+async def test_a_changelog_write_lost_while_stopping_skips_the_commit_without_a_crash(
+        caplog: pytest.LogCaptureFixture) -> None:
     at = at_least_once()
     checkpoint, scoring, broker, cache = at.checkpoint, at.scoring, at.broker, at.cache
     change(cache, "a")
     broker.fail = ConnectionError("producer closed")
     scoring.stopping = True
-    with pytest.raises(SkipCommit, match="while stopping"):
-        await checkpoint.before_offsets()
+    with caplog.at_level("INFO", logger="agents.commit.checkpoint"):
+        assert not await checkpoint.commit("stop")
+    assert "changelog records not sent while stopping" in caplog.text
     await asyncio.sleep(0)
     assert scoring.crashed == []
 
@@ -197,7 +228,7 @@ async def test_state_reaches_the_local_store_only_after_the_changelog_has_it(mon
     loaded then raised the watermark past the others' unwritten events, which were routed late when
     they came again. The cards written stay cached until they are stored.
     """
-    monkeypatch.setattr(checkpoint_module, "STEP_S", 0.0)  # let the loop run after every step
+    monkeypatch.setattr(guarantee_module, "STEP_S", 0.0)  # let the loop run after every step
     at = at_least_once()
     for i in range(150):
         change(at.cache, f"c{i}")
@@ -209,7 +240,7 @@ async def test_state_reaches_the_local_store_only_after_the_changelog_has_it(mon
         return await send(topic, partition, records)
 
     at.broker.send = observed_send  # type: ignore[method-assign]
-    at.checkpoint._changelog._send = observed_send  # type: ignore[union-attr]
+    at.guarantee.changelog._send = observed_send  # type: ignore[method-assign]
 
     async def watch() -> None:
         while "changelog 150" not in at.log:
@@ -217,7 +248,7 @@ async def test_state_reaches_the_local_store_only_after_the_changelog_has_it(mon
             await asyncio.sleep(0)
 
     watching = asyncio.ensure_future(watch())
-    await at.checkpoint.before_offsets()
+    await at.checkpoint.commit("faust")
     await watching
     assert len(rows_seen) > 3 and set(rows_seen) == {0}  # nothing stored during the steps or before the ack
     assert len(at.table.data.rows) == 150 and at.cache.cached_keys() == 150

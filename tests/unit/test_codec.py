@@ -1,4 +1,4 @@
-"""Unit tests for agents.codec: validation reason codes, dead letters, predictions, late records."""
+"""Unit tests for agents.formats.codec: validation reason codes, dead letters, predictions, late records."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from agents.codec import (
+from agents.formats.codec import (
     DEAD_LETTER_KEY_BYTES,
     DEFAULT_CONTRACT,
     HEADER_BYTES,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agents.control import KEY, ControlFollower, encode
-from agents.deployment import Deployment, DeploymentError, ModelRef
+from agents.model.control import KEY, ControlFollower, encode
+from agents.model.deployment import Deployment, DeploymentError, ModelRef
 
 MODEL = ModelRef("/srv/seam/models/fraud-mlp.onnx", "0" * 64)
 

@@ -1,4 +1,4 @@
-"""Unit tests for agents.deployment: the deployment record, the commands' transitions, the canary's card hash."""
+"""Unit tests for agents.model.deployment: the deployment record, the commands' transitions, the canary's card hash."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from agents import control
-from agents.deployment import (
+from agents.model import control
+from agents.model.deployment import (
     CANARY_BUCKETS,
     Deployment,
     DeploymentError,
@@ -23,6 +23,7 @@ from agents.deployment import (
     rollback,
     set_shadow,
 )
+from tables.kafka import partition_of
 
 V1 = ModelRef("/models/v1.onnx", "1" * 64)
 V2 = ModelRef("/models/v2.onnx", "2" * 64)
@@ -104,11 +105,9 @@ def test_canary_buckets_are_stable_uniform_and_not_the_partitioners() -> None:
     short = [f"c-{i}" for i in range(5_000)]
     assert 0.188 < sum(canary_bucket(card) < 2_000 for card in short) / len(short) < 0.212
     # Within each input partition the canary takes the same share (its hash is not Kafka's).
-    from aiokafka.partitioner import murmur2
-
     by_partition = collections.defaultdict(list)
     for card, bucket in zip(cards, buckets, strict=True):
-        by_partition[(murmur2(card.encode()) & 0x7FFFFFFF) % 8].append(bucket < 2_000)
+        by_partition[partition_of(card.encode(), 8)].append(bucket < 2_000)
     assert all(0.17 < sum(v) / len(v) < 0.23 for v in by_partition.values())
 
 

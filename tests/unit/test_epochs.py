@@ -1,10 +1,10 @@
-"""agents.epochs: scripted rebalance sequences against the consumer's assignment bookkeeping."""
+"""agents.ingest.epochs: scripted rebalance sequences against the consumer's assignment bookkeeping."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agents.epochs import AssignmentEpochs
+from agents.ingest.epochs import AssignmentEpochs
 
 P0, P1 = ("tx", 0), ("tx", 1)
 

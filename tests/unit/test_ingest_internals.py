@@ -1,6 +1,6 @@
 """The faust-streaming internals batch ingestion relies on still have the shape it expects.
 
-If one of these fails after a faust-streaming upgrade, agents/ingest.py must be revisited before the
+If one of these fails after a faust-streaming upgrade, agents/ingest/consumer.py must be revisited before the
 new version is allowed (see its module docstring); SEAM_INGEST=stream keeps working meanwhile.
 """
 
@@ -21,14 +21,19 @@ from faust.transport.consumer import Consumer as FaustConsumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-from agents import ingest
+from agents.commit.checkpoint import Checkpoint
+from agents.commit.guarantee import AtLeastOnce
+from agents.ingest import consumer as ingest
+from agents.ingest.records import RecordBatch
+from agents.observe.metrics import BoundaryMetrics
+from tables.cache import StateCache
 
 TESTED_FAUST = "0.15.3"
 
 
 def test_faust_streaming_is_the_tested_version() -> None:
     assert version("faust-streaming") == TESTED_FAUST, (
-        f"agents/ingest.py was tested with faust-streaming {TESTED_FAUST}; re-run its checks and "
+        f"agents/ingest/consumer.py was tested with faust-streaming {TESTED_FAUST}; re-run its checks and "
         "update TESTED_FAUST (and the pin in pyproject.toml) deliberately")
 
 
@@ -41,6 +46,8 @@ def test_faust_streaming_is_the_tested_version() -> None:
     ("on_partitions_revoked", ["self", "revoked"]),
     ("on_partitions_assigned", ["self", "assigned", "generation_id"]),
     ("_new_offset", ["self", "tp"]),
+    ("_handle_attached", ["self", "commit_offsets"]),
+    ("_commit_offsets", ["self", "offsets", "start_new_transaction"]),
 ])
 def test_consumer_methods_keep_their_signatures(name: str, params: list[str] | None) -> None:
     method = getattr(FaustConsumer, name)
@@ -69,10 +76,36 @@ def test_driver_transport_has_a_consumer_slot() -> None:
     assert ingest.BatchTransport.Consumer is ingest.BatchConsumer
 
 
+class InFlight:
+    """Work in flight as a commit sees it (agents.commit.checkpoint.Work): no state; ``deliver`` set by a test."""
+
+    def __init__(self) -> None:
+        self.metrics = BoundaryMetrics()
+        self.cache: StateCache | None = None
+        self.should_stop = False
+        self.deliver: Any = None
+
+    async def deliver_in_flight(self) -> None:
+        if self.deliver is not None:
+            await self.deliver()
+
+    async def delivered(self) -> None:
+        return None
+
+    async def crash(self, reason: BaseException) -> None:
+        raise AssertionError(f"crashed: {reason!r}")
+
+
+def batch_app(name: str) -> faust.App:
+    """An app on batch ingestion, committing at least once through a real checkpoint."""
+    app = faust.App(f"{name}-{id(object())}", broker="kafka://127.0.0.1:1", store="memory://")
+    ingest.install(app, Checkpoint(app, AtLeastOnce(bootstrap="127.0.0.1:1", input_topic="t"), InFlight()))
+    return app
+
+
 @pytest.fixture
 def consumer() -> Iterator[ingest.BatchConsumer]:
-    app = faust.App(f"ingest-internals-{id(object())}", broker="kafka://127.0.0.1:1", store="memory://")
-    ingest.install(app)
+    app = batch_app("ingest-internals")
     consumer = app.consumer
     assert isinstance(consumer, ingest.BatchConsumer)
     yield consumer
@@ -135,7 +168,7 @@ def test_table_partition_directs_table_writes_without_a_faust_event() -> None:
 
 
 def test_exactly_once_internals_keep_their_shape() -> None:
-    """What agents/transactions.py and the read_committed consumer thread rely on."""
+    """What agents/commit/transactions.py and the read_committed consumer thread rely on."""
     from aiokafka import AIOKafkaConsumer
     from faust.stores.rocksdb import Store as RocksStore
 
@@ -184,14 +217,14 @@ def positioned(consumer: ingest.BatchConsumer, monkeypatch: pytest.MonkeyPatch) 
     consumer._read_offset[tp] = 0
     consumer.committed = []  # type: ignore[attr-defined]
 
-    async def commit_after_hooks(topics: object, start_new_transaction: bool) -> bool:
-        consumer.committed.append(consumer._new_offset(tp))  # type: ignore[attr-defined]
+    async def commit_group_offsets(offsets: dict[TP, int]) -> bool:
+        consumer.committed.append(offsets.get(tp))  # type: ignore[attr-defined]
         return True
 
     async def faust_revoked(self: object, revoked: object) -> None:
         return None
 
-    monkeypatch.setattr(consumer, "_commit_after_hooks", commit_after_hooks)
+    monkeypatch.setattr(consumer, "commit_group_offsets", commit_group_offsets)
     monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_revoked", faust_revoked)
     return consumer
 
@@ -203,7 +236,7 @@ async def test_revocation_closes_intake_before_it_delivers_and_commits(
     handled: list[int] = []
     hook_started, hook_may_end = asyncio.Event(), asyncio.Event()
 
-    async def handler(batch: ingest.RecordBatch) -> None:
+    async def handler(batch: RecordBatch) -> None:
         handled.extend(r.offset for r in batch.records)
         batch.ack([r.offset for r in batch.records])
 
@@ -211,7 +244,7 @@ async def test_revocation_closes_intake_before_it_delivers_and_commits(
         hook_started.set()
         await hook_may_end.wait()
 
-    monkeypatch.setattr(consumer.ingestion, "revoke_hooks", [deliver_in_flight])
+    monkeypatch.setattr(consumer.commits._work, "deliver", deliver_in_flight)  # type: ignore[attr-defined]
     await consumer._deliver_batch(tp, _records(tp, 0, 10), handler)
     revoking = asyncio.ensure_future(consumer.on_partitions_revoked({tp}))
     await hook_started.wait()
@@ -230,11 +263,10 @@ async def test_a_revocation_waits_for_the_batch_being_handled(
     consumer, tp = positioned, TP("t", 0)
     release = asyncio.Event()
 
-    async def slow_handler(batch: ingest.RecordBatch) -> None:
+    async def slow_handler(batch: RecordBatch) -> None:
         await release.wait()
         batch.ack([r.offset for r in batch.records])
 
-    monkeypatch.setattr(consumer.ingestion, "revoke_hooks", [])
     handling = asyncio.ensure_future(consumer._deliver_batch(tp, _records(tp, 0, 5), slow_handler))
     await asyncio.sleep(0)
     revoking = asyncio.ensure_future(consumer.on_partitions_revoked({tp}))
@@ -275,8 +307,8 @@ async def test_an_assignment_is_prepared_before_faust_restores_and_seeks(monkeyp
     async def faust_assigned(self: object, assigned: set[TP], generation_id: int = 0) -> None:
         order.append("faust: restore, then seek")
 
-    app = faust.App(f"ingest-assign-{id(object())}", broker="kafka://127.0.0.1:1", store="memory://")
-    ingest.install(app, prepare_assignment=prepare)
+    app = batch_app("ingest-assign")
+    monkeypatch.setattr(app.consumer.commits.guarantee, "prepare_assignment", prepare)  # type: ignore[attr-defined]
     monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_assigned", faust_assigned)
     assigning = asyncio.ensure_future(app.consumer.on_partitions_assigned({TP("t", 1), TP("t", 0)}))
     await asyncio.sleep(0.01)
@@ -462,7 +494,7 @@ async def test_a_round_that_handed_everything_on_seeks_nothing(
 async def test_rewind_seeks_back_only_partitions_still_past_the_dropped_records() -> None:
     from aiokafka import TopicPartition
 
-    from app.faust_compat import rewind
+    from tables.faust_compat import rewind
 
     moved, kept, gone = TopicPartition("changelog", 0), TopicPartition("changelog", 1), TopicPartition("changelog", 2)
     positions = {moved: 48, kept: 0}  # kept: sought back (a restore started) after the fetch
@@ -491,7 +523,7 @@ async def test_rewind_seeks_back_only_partitions_still_past_the_dropped_records(
 
 
 def test_recovery_producer_and_assignor_names_of_the_compat_module_exist() -> None:
-    """What app.faust_compat reads of Faust's restore, producer buffer and assignor."""
+    """What tables.faust_compat reads of Faust's restore, producer buffer and assignor."""
     from faust.assignor.partition_assignor import PartitionAssignor
     from faust.tables.manager import TableManager
     from faust.tables.recovery import Recovery
@@ -506,3 +538,20 @@ def test_recovery_producer_and_assignor_names_of_the_compat_module_exist() -> No
         assert hasattr(ProducerBuffer, name), name
     for name in ("changelog_distribution", "external_topic_distribution"):
         assert hasattr(PartitionAssignor, name), name
+
+
+def test_commit_fetcher_and_worker_names_of_the_compat_module_exist() -> None:
+    """What tables.faust_compat reads of Faust's commit, fetcher, changelog test and worker."""
+    from faust.sensors.base import SensorDelegate
+    from faust.transport.consumer import Fetcher
+    from faust.worker import Worker
+    from mode import Service
+
+    assert list(inspect.signature(FaustConsumer._is_changelog_tp).parameters) == ["self", "tp"]
+    for name in ("on_commit_initiated", "on_commit_completed"):
+        assert hasattr(SensorDelegate, name), name
+    assert issubclass(Fetcher, Service) and "self._stopped = " in inspect.getsource(Service.__init__)
+    assert "self.spinner = " in inspect.getsource(Worker.__init__)
+    # Faust's own commit, once it has chosen the offsets, is what seam's group commit does (commit_offsets).
+    commit_tps = inspect.getsource(FaustConsumer._commit_tps)
+    assert "_handle_attached(commit_offsets)" in commit_tps and "_commit_offsets(" in commit_tps

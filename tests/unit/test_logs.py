@@ -32,11 +32,11 @@ def test_the_worker_leaves_the_root_logger_at_the_level_asked_for() -> None:
 
 def test_a_record_is_one_json_line() -> None:
     formatter = JsonFormatter(worker="http://w1:6066")
-    record = logging.LogRecord("agents.score", logging.INFO, __file__, 1, "rebalance: %s", ("done",), None)
+    record = logging.LogRecord("app.scoring", logging.INFO, __file__, 1, "rebalance: %s", ("done",), None)
     record.created = 1_796_160_000.25
     line = formatter.format(record)
     assert "\n" not in line
-    assert orjson.loads(line) == {"time": "2026-12-01T21:20:00.250Z", "level": "INFO", "logger": "agents.score",
+    assert orjson.loads(line) == {"time": "2026-12-01T21:20:00.250Z", "level": "INFO", "logger": "app.scoring",
                                   "message": "rebalance: done", "worker": "http://w1:6066"}
     try:
         raise ValueError("bad\nthing")

@@ -1,4 +1,4 @@
-"""Unit tests for agents.metrics.BatchHistogram: the same exposition as prometheus-client's Histogram."""
+"""Unit tests for agents.observe.metrics.BatchHistogram: the same exposition as prometheus-client's Histogram."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from agents.metrics import BatchHistogram
+from agents.observe.metrics import BatchHistogram
 
 BUCKETS = (0.001, 0.005, 0.01, 0.5, 1.0, 5.0)
 

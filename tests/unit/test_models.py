@@ -1,4 +1,4 @@
-"""Unit tests for agents.models.ModelSet: routing by card, swaps without a restart, refusals, the shadow.
+"""Unit tests for agents.model.models.ModelSet: routing by card, swaps without a restart, refusals, the shadow.
 
 Real ONNX Runtime sessions on CPU (the repository's two models share the feature contract and differ in
 their tag) on real boundaries; no Kafka. Every wait is bounded by a hang guard.
@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agents.boundary import BatchResult, ModelBoundary
-from agents.deployment import Deployment, ModelRef, canary_bucket, deploy, initial, promote, set_shadow
-from agents.metrics import BoundaryMetrics
-from agents.models import ModelSet
-from agents.runtime import ModelRuntime
+from agents.model.boundary import BatchResult, ModelBoundary
+from agents.model.deployment import Deployment, ModelRef, canary_bucket, deploy, initial, promote, set_shadow
+from agents.model.models import ModelSet
+from agents.model.runtime import ModelRuntime
+from agents.observe.metrics import BoundaryMetrics
 from tables.features import DEFAULT_SPEC
 from tests.poison_model import write_reordered_model
 

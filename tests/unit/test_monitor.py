@@ -1,12 +1,21 @@
-"""Unit tests for agents.monitor: lag from offsets and timestamps, and the gauges on the page."""
+"""Unit tests for agents.observe.monitor: lag from offsets and timestamps, and the gauges on the page."""
 
 from __future__ import annotations
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agents.metrics import BoundaryMetrics
-from agents.monitor import InputPartition, Lag, Restore, Snapshot, StatePartition, WorkerCollector, lag, readiness
+from agents.observe.metrics import BoundaryMetrics
+from agents.observe.monitor import (
+    InputPartition,
+    Lag,
+    Restore,
+    Snapshot,
+    StatePartition,
+    WorkerCollector,
+    lag,
+    readiness,
+)
 
 
 def test_lag_counts_from_the_committed_and_the_handled_offsets() -> None:
@@ -100,7 +109,7 @@ def test_each_model_of_a_deployment_has_its_own_series_and_a_retired_one_leaves_
 
 
 def test_deadline_misses_are_one_warning_per_interval() -> None:
-    from agents.metrics import BreachLog
+    from agents.observe.metrics import BreachLog
 
     now = [0.0]
     log = BreachLog(interval_s=10.0, clock=lambda: now[0])

@@ -1,4 +1,4 @@
-"""agents.outputs: batches per topic partition, at most one on its way per partition, order kept.
+"""agents.delivery.outputs: batches per topic partition, at most one on its way per partition, order kept.
 
 The producer here is a test double of aiokafka's batch API (``create_batch``, ``send_batch``,
 ``partitions_for``) around aiokafka's real ``BatchBuilder``; the test decides when the broker answers.
@@ -10,10 +10,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from aiokafka.partitioner import murmur2
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from agents.outputs import OutputProducer
+from agents.delivery.outputs import OutputProducer
 
 TOPIC = "predictions"
 
@@ -61,9 +61,12 @@ class Batch:
         return metadata
 
 
+DEFAULT_PARTITIONER = DefaultPartitioner()  # aiokafka's own, as Java's: the partitions seam must match
+
+
 def key_for(partition: int, partitions: int = 4) -> bytes:
     return next(k for k in (f"card-{i}".encode() for i in range(1000))
-                if (murmur2(k) & 0x7FFFFFFF) % partitions == partition)
+                if DEFAULT_PARTITIONER(k, list(range(partitions)), list(range(partitions))) == partition)
 
 
 async def turn() -> None:

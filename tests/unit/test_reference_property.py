@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from agents.boundary import ModelBoundary
-from agents.codec import Invalid
-from agents.ingest import RecordBatch
+from agents.formats.codec import Invalid
+from agents.ingest.records import RecordBatch
+from agents.model.boundary import ModelBoundary
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from app.synthetic import TransactionGenerator
 from tables.cache import StateCache

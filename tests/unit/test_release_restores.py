@@ -11,7 +11,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from agents.transactions import release_restores
+from agents.ingest.restore import release_restores
 
 TP_ = ("card-state-changelog", 0)
 HIGHWATER = 99  # offset 100 is the commit marker that ends the changelog: Faust waits for 99

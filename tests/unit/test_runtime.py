@@ -1,4 +1,4 @@
-"""Unit tests for agents.runtime: the committed model, device policy, contract checks, predict."""
+"""Unit tests for agents.model.runtime: the committed model, device policy, contract checks, predict."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from agents.runtime import (
+from agents.model.runtime import (
     DeviceUnavailableError,
     ModelContractError,
     ModelFileError,
@@ -287,7 +287,7 @@ def test_the_cuda_build_is_asked_for_only_where_it_has_wheels() -> None:
 
 
 def test_the_installed_runtime_package_is_named() -> None:
-    from agents.runtime import runtime_package
+    from agents.model.runtime import runtime_package
 
     name, version = runtime_package().split(" ")
     assert name in ("onnxruntime", "onnxruntime-gpu") and version[0].isdigit()

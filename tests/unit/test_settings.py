@@ -322,7 +322,7 @@ print(json.dumps(accesses))
 def test_importing_seam_reads_no_environment() -> None:
     """Modules build nothing at import: a bad variable matters only to the command that reads it."""
     root = Path(__file__).resolve().parents[2]
-    modules = ("app.main", "app.views", "app.cli", "agents.score", "tables.state")
+    modules = ("app.main", "app.views", "app.cli", "app.scoring", "tables.state")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEAM_")} | {"SEAM_NOT_A_SETTING": "1"}
     child = subprocess.run([sys.executable, "-c", _WATCH_IMPORTS, str(root), *modules], env=env, cwd=root,
                            capture_output=True, text=True, timeout=120)

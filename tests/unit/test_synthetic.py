@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from agents.codec import DEFAULT_CONTRACT, Event, JsonInput
+from agents.formats.codec import DEFAULT_CONTRACT, Event, JsonInput
 from app.synthetic import TransactionGenerator
 from tables.features import Watermark
 

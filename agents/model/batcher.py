@@ -1,6 +1,6 @@
 """Batch assembly for the model boundary: size, age and deadline bounds, optionally adaptive.
 
-Pure and clock-injected (every method takes ``now``); the asyncio driver is ``agents.boundary``.
+Pure and clock-injected (every method takes ``now``); the asyncio driver is ``agents.model.boundary``.
 
 Release rules, checked by :meth:`Batcher.due_at` / :meth:`Batcher.ready`:
 

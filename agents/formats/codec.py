@@ -84,7 +84,7 @@ class Contract:
         """Check a decoded record (JSON or Avro) against the contract; never raises.
 
         ``typed``: the record was decoded with a schema that declares the contract's fields with their
-        types (an Avro writer schema, see :func:`agents.avro.declares_contract`): only values are checked.
+        types (an Avro writer schema, see :func:`agents.formats.avro.declares_contract`): only values are checked.
         """
         event_id: Any = obj.get(self.event_id)
         key: Any = obj.get(self.key)

@@ -1,7 +1,7 @@
 """The models a worker serves (primary, canary, shadow), each on a boundary of its own, and the swap between them.
 
 :class:`ModelSet` stands where the pipeline used to see one boundary: ``submit_many`` routes each
-row by its key (:func:`agents.deployment.canary_bucket`) to the primary's or the canary's boundary,
+row by its key (:func:`agents.model.deployment.canary_bucket`) to the primary's or the canary's boundary,
 and offers a copy to the shadow's, which takes what fits and never makes the caller wait.
 
 :meth:`ModelSet.apply` moves to a new deployment without a restart: the files it names are read,
@@ -21,31 +21,46 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
-from agents.boundary import ModelBoundary
-from agents.deployment import Deployment, DeploymentError, ModelRef, canary_bucket
-from agents.metrics import BoundaryMetrics, ModelMetrics
-from agents.pipeline import ScoringItem
-from agents.runtime import ModelContractError, ModelRuntime
+from agents.model.boundary import ModelBoundary
+from agents.model.deployment import Deployment, DeploymentError, ModelRef, canary_bucket
+from agents.model.runtime import ModelContractError, ModelRuntime
+from agents.observe.metrics import BoundaryMetrics, ModelMetrics
 
 __all__ = ["ROLES", "ModelSet", "Rejection", "Served"]
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("primary", "canary", "shadow")
-Rows = Sequence[tuple[Sequence[float], ScoringItem]]
+
+
+class _Keyed(Protocol):
+    @property
+    def key(self) -> str: ...
+
+
+class Routed(Protocol):
+    """What the models route a row by: its event's key (the pipeline's items, :class:`agents.pipeline.ScoringItem`)."""
+
+    @property
+    def tx(self) -> _Keyed: ...
+
+
+ItemT = TypeVar("ItemT", bound=Routed)
+Rows = Sequence[tuple[Sequence[float], ItemT]]
 # A loaded model and the role it serves in -> its boundary and its metrics (None when metrics are off).
-Serve = Callable[[ModelRuntime, str], tuple[ModelBoundary[ScoringItem], ModelMetrics | None]]
+Serve = Callable[[ModelRuntime, str], tuple[ModelBoundary[ItemT], ModelMetrics | None]]
 
 
 @dataclass(eq=False)
-class Served:
+class Served(Generic[ItemT]):
     """One model serving in one role: its runtime, its boundary and the task dispatching its batches."""
 
     role: str
     ref: ModelRef
     runtime: ModelRuntime
-    boundary: ModelBoundary[ScoringItem]
+    boundary: ModelBoundary[ItemT]
     metrics: ModelMetrics | None
     task: asyncio.Task[None] | None = None
     submitting: int = 0  # submit_many calls inside this boundary now (a retirement waits for them)
@@ -78,10 +93,10 @@ def rejection_reason(error: BaseException) -> str:
     return getattr(error, "reason", "contract" if isinstance(error, ModelContractError) else "load_error")
 
 
-class ModelSet:
+class ModelSet(Generic[ItemT]):
     """The deployment a worker serves and the routing of rows to its models' boundaries."""
 
-    def __init__(self, load: Callable[[ModelRef], ModelRuntime], serve: Serve,
+    def __init__(self, load: Callable[[ModelRef], ModelRuntime], serve: Serve[ItemT],
                  on_failure: Callable[[BaseException], None], metrics: BoundaryMetrics | None = None) -> None:
         self._load = load  # blocking: read, hash, open, check and warm (run off the event loop)
         self._serve = serve
@@ -90,16 +105,16 @@ class ModelSet:
         self._lock = asyncio.Lock()  # one deployment change at a time
         self.deployment: Deployment | None = None
         self.rejected: Rejection | None = None
-        self.primary: Served | None = None
-        self.canary: Served | None = None
-        self.shadow: Served | None = None
+        self.primary: Served[ItemT] | None = None
+        self.canary: Served[ItemT] | None = None
+        self.shadow: Served[ItemT] | None = None
         self._canary_buckets = 0
-        self._retiring: set[Served] = set()  # no longer routed to, still finishing what they took
+        self._retiring: set[Served[ItemT]] = set()  # no longer routed to, still finishing what they took
         self.swaps = 0
 
     # The pipeline's side.
 
-    async def submit_many(self, items: Rows) -> None:
+    async def submit_many(self, items: Rows[ItemT]) -> None:
         """Hand rows to their models' boundaries; waits while the one a row goes to is full."""
         shadow, canary, primary = self.shadow, self.canary, self.primary
         if primary is None:
@@ -112,8 +127,8 @@ class ModelSet:
             await self._submit(primary, items)
             return
         threshold = self._canary_buckets
-        to_primary: list[tuple[Sequence[float], ScoringItem]] = []
-        to_canary: list[tuple[Sequence[float], ScoringItem]] = []
+        to_primary: list[tuple[Sequence[float], ItemT]] = []
+        to_canary: list[tuple[Sequence[float], ItemT]] = []
         for row in items:
             (to_canary if canary_bucket(row[1].tx.key) < threshold else to_primary).append(row)
         if to_primary:
@@ -121,7 +136,7 @@ class ModelSet:
         if to_canary:
             await self._submit(canary, to_canary)
 
-    async def _submit(self, served: Served, items: Rows) -> None:
+    async def _submit(self, served: Served[ItemT], items: Rows[ItemT]) -> None:
         served.submitting += 1
         try:
             await served.boundary.submit_many(items)
@@ -140,11 +155,11 @@ class ModelSet:
     def waiting(self) -> int:
         return sum(s.boundary.waiting for s in self.scoring())
 
-    def scoring(self) -> Iterator[Served]:
+    def scoring(self) -> Iterator[Served[ItemT]]:
         """The models whose scores become predictions (primary, then canary)."""
         return (s for s in (self.primary, self.canary) if s is not None)
 
-    def serving(self) -> Iterator[Served]:
+    def serving(self) -> Iterator[Served[ItemT]]:
         return (s for s in (self.primary, self.canary, self.shadow) if s is not None)
 
     @property
@@ -201,7 +216,7 @@ class ModelSet:
             except Exception as exc:  # noqa: BLE001 - whatever a file does to the loader, the serving models stay
                 self.reject(deployment.revision, exc)
                 return False
-            chosen: dict[str, Served | None] = {}
+            chosen: dict[str, Served[ItemT] | None] = {}
             for role, ref in wanted.items():
                 keep = current.get(role)
                 if ref is None:
@@ -227,7 +242,7 @@ class ModelSet:
                         switched - started, time.perf_counter() - switched)
             return True
 
-    def _start(self, role: str, ref: ModelRef, runtime: ModelRuntime) -> Served:
+    def _start(self, role: str, ref: ModelRef, runtime: ModelRuntime) -> Served[ItemT]:
         boundary, metrics = self._serve(runtime, role)
         served = Served(role, ref, runtime, boundary, metrics)
         served.idle.set()
@@ -242,7 +257,7 @@ class ModelSet:
         if error is not None:
             self._on_failure(error)
 
-    async def _retire(self, served: Served) -> None:
+    async def _retire(self, served: Served[ItemT]) -> None:
         """Let a boundary finish what it took (rows waiting, batches dispatched), then stop it."""
         self._retiring.add(served)
         try:
@@ -256,7 +271,7 @@ class ModelSet:
             if served.metrics is not None:
                 served.metrics.retire()
 
-    async def _stop(self, served: Served) -> None:
+    async def _stop(self, served: Served[ItemT]) -> None:
         task = served.task
         if task is not None and not task.done():
             task.cancel()

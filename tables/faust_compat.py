@@ -1,21 +1,29 @@
 """Every faust-streaming, mode and aiokafka name seam uses that is private or undocumented, in one place.
 
 Tested with faust-streaming 0.15.3 and aiokafka 0.14.0 (pinned in pyproject.toml);
-``tests/unit/test_ingest_internals.py`` fails loudly if any of them changes shape. Elsewhere seam
-uses these only through this module, except :class:`agents.ingest.BatchConsumer`, which subclasses
-Faust's aiokafka consumer and therefore works on its base class's own state:
+``tests/unit/test_ingest_internals.py`` fails loudly if any of them changes shape. It sits in the bottom
+layer, so every module that needs one of them imports it from here. The one exception is
+:class:`agents.ingest.consumer.BatchConsumer`, which subclasses Faust's aiokafka consumer (through the
+names given here) and so overrides and reads its base class's own members, listed here:
 
 * ``faust.transport.drivers.aiokafka.Consumer`` (subclassed; ``on_partitions_revoked`` and
   ``on_partitions_assigned`` extended), ``Transport`` and its ``Consumer`` slot,
   ``AIOKafkaConsumerThread``;
 * ``Consumer._drain_messages`` (replaced), ``_new_offset`` and ``_filter_tps_with_pending_acks``
-  (extended: batch-handled partitions are answered by :mod:`agents.acks`), ``_wait_next_records``,
+  (extended: batch-handled partitions are answered by :mod:`agents.ingest.acks`), ``_wait_next_records``,
   ``_read_offset``, ``_add_gap``, ``_committed_offset``, ``_n_acked``, ``_commit_every``,
   ``_buffered_partitions``, ``_to_message``, ``perform_seek``, ``flow_active``, ``suspend_flow``,
   ``_filter_committable_offsets``, ``_filter_tps_with_pending_acks``, ``_new_consumer_thread``,
   ``_new_offset``, ``_stopped`` (all used by the subclass).
 
 And here:
+
+* the fetcher's ``_stopped`` event and the consumer's ``_is_changelog_tp`` (:func:`fetcher_stopped`,
+  :func:`is_changelog`);
+* the Faust consumer's ``_handle_attached`` and ``_commit_offsets``, and the app's commit sensors
+  (:func:`commit_offsets`: Faust's offset commit once the offsets are chosen);
+* the worker's ``spinner`` (:func:`without_spinner`);
+* ``Recovery.active_offsets`` written (:func:`mark_restored`).
 
 * ``faust.streams._current_event``, the ContextVar behind ``faust.current_event()``: table reads and
   writes go to the partition of the event it names;
@@ -41,15 +49,17 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import IllegalStateError
 from faust import current_event as faust_current_event
+from faust.exceptions import ProducerSendError
 from faust.streams import _current_event
 from faust.transport.consumer import ack_lock
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 __all__ = [
-    "AIOKafkaConsumerThread", "FaustConsumer", "FaustTransport", "ack_lock", "current_event", "drain_producer_buffer",
-    "encode_key", "encode_value", "group_distribution", "persist_changelog_offset", "restore_state", "restoring",
-    "raw_get", "raw_get_many", "rewind", "rocksdb_partition", "store_writes", "tune_fetch", "uses_rocksdict",
+    "AIOKafkaConsumerThread", "FaustConsumer", "FaustTransport", "ack_lock", "commit_offsets", "current_event",
+    "drain_producer_buffer", "encode_key", "encode_value", "fetcher_stopped", "group_distribution", "is_changelog",
+    "mark_restored", "persist_changelog_offset", "restore_state", "restoring", "raw_get", "raw_get_many", "rewind",
+    "rocksdb_partition", "store_writes", "tune_fetch", "uses_rocksdict", "without_spinner",
 ]
 
 FaustConsumer = faust_aiokafka.Consumer
@@ -64,6 +74,37 @@ def tune_fetch(consumer: Any, *, min_bytes: int, max_wait_ms: int, read_committe
     consumer._fetch_max_wait_ms = max_wait_ms
     if read_committed:
         consumer._isolation_level = "read_committed"
+
+
+def fetcher_stopped(fetcher: Any) -> Any:
+    """The fetcher's stop check: a callable that says whether Faust's fetcher has stopped."""
+    return fetcher._stopped.is_set
+
+
+def is_changelog(consumer: Any, tp: TP) -> bool:
+    """Whether ``tp`` is a table's changelog partition (Faust's own test)."""
+    return bool(consumer._is_changelog_tp(tp))
+
+
+async def commit_offsets(consumer: Any, offsets: Mapping[TP, int]) -> bool:
+    """Commit ``offsets`` for the group as Faust's commit does once it has chosen them.
+
+    The messages Faust attached to those offsets are published first (none on seam's path), then Faust's
+    ``_commit_offsets``: its producer flushed, the offsets of partitions still assigned committed, the
+    tables told. The app's sensors see the commit as they see Faust's own.
+    """
+    if not offsets:
+        return False
+    sensors = consumer.app.sensors
+    sensor_state = sensors.on_commit_initiated(consumer)
+    try:
+        await consumer._handle_attached(offsets)
+    except ProducerSendError as exc:
+        await consumer.crash(exc)
+        return False
+    committed: bool = await consumer._commit_offsets(offsets)
+    sensors.on_commit_completed(consumer, sensor_state)
+    return committed
 
 
 async def rewind(consumer: Any, dropped: Mapping[TP, tuple[int, int]]) -> None:
@@ -155,10 +196,15 @@ def persist_changelog_offset(store: Any, tp: TP, offset: int) -> None:
 
 def restore_state(app: Any) -> tuple[bool, Mapping[Any, int | None], MutableMapping[Any, int], bool]:
     """Faust's restore: (restoring now, end offset to reach per active changelog partition, offset
-    received per partition (writable: marking it ends that partition's restore), changelog queue empty)."""
+    received per partition (see :func:`mark_restored`), changelog queue empty)."""
     recovery = app.tables.recovery
     return (bool(recovery.in_recovery), recovery.active_highwaters, recovery.active_offsets,
             bool(app.tables.changelog_queue.empty()))
+
+
+def mark_restored(app: Any, tp: Any, offset: int) -> None:
+    """End ``tp``'s restore at ``offset``: Faust takes it as received up to there."""
+    app.tables.recovery.active_offsets[tp] = offset
 
 
 def restoring(app: Any) -> bool:
@@ -176,6 +222,11 @@ async def drain_producer_buffer(app: Any, on_stopping: Any) -> None:
         if buffer.state != "running":
             on_stopping(buffer.size)
         await buffer.flush()
+
+
+def without_spinner(worker: Any) -> None:
+    """Drop Faust's worker's terminal spinner (it sets the root logger to DEBUG when the level is WARN or above)."""
+    worker.spinner = None
 
 
 def group_distribution(assignor: Any) -> tuple[Mapping[str, Any], Mapping[str, Any]]:

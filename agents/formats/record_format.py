@@ -2,7 +2,7 @@
 
 ``SEAM_INPUT_FORMAT`` picks one for the whole worker: its input is decoded with it, and its predictions,
 feature log and shadow scores are written in it (the JSON path writes its feature log in seam's compact
-binary layout, :func:`agents.codec.feature_record`). Dead letters and late records stay JSON envelopes
+binary layout, :func:`agents.formats.codec.feature_record`). Dead letters and late records stay JSON envelopes
 in both: they carry the original bytes (base64 when not text) and where they came from.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from agents import codec
-from agents.avro import AvroInput, AvroOutputs, SchemaCache, SchemaRegistry
-from agents.codec import DEFAULT_CONTRACT, MAX_RECORD_BYTES, Contract, Event, Invalid
+from agents.formats import codec
+from agents.formats.avro import AvroEncoder, AvroInput, SchemaCache, SchemaRegistry
+from agents.formats.codec import DEFAULT_CONTRACT, MAX_RECORD_BYTES, Contract, Event, Invalid
 
 __all__ = ["RecordFormat", "avro_format", "json_format"]
 
@@ -64,7 +64,7 @@ async def avro_format(registry_url: str, *, subjects: dict[str, str], contract: 
     under ``subjects`` (schema name -> subject) before anything is written."""
     registry = SchemaRegistry(registry_url)
     try:
-        outputs = await AvroOutputs.register(registry, subjects, contract, timeout_s)
+        outputs = await AvroEncoder.register(registry, subjects, contract, timeout_s)
     except BaseException:
         await registry.close()
         raise

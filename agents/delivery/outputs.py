@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import murmur2
 
-from agents.ingest import RecordBatch
+from tables.kafka import append, partition_of
 
 __all__ = ["OutputProducer"]
 
@@ -36,7 +35,7 @@ class _Batch:
 
 
 @dataclass(slots=True)
-class _Partition:
+class _PartitionBatches:
     """One topic partition's batches: the open one, full ones waiting, the one on its way."""
 
     topic: str
@@ -51,7 +50,7 @@ class _Partition:
 
 @dataclass(slots=True)
 class _PartitionCache:
-    """Key -> partition for one topic (key ids repeat: murmur2 in Python costs microseconds)."""
+    """Key -> partition for one topic (key ids repeat: the partitioner in Python costs microseconds)."""
 
     count: int
     by_key: dict[bytes, int] = field(default_factory=dict)
@@ -72,8 +71,8 @@ class OutputProducer:
                                         max_batch_size=max_batch_size, linger_ms=linger_ms)
         self._producer = producer
         self._partitions: dict[str, _PartitionCache] = {}
-        self._batches: dict[tuple[str, int], _Partition] = {}
-        self._ready: list[_Partition] = []  # partitions with nothing on its way and something to send
+        self._batches: dict[tuple[str, int], _PartitionBatches] = {}
+        self._ready: list[_PartitionBatches] = []  # partitions with nothing on its way and something to send
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -96,22 +95,21 @@ class OutputProducer:
         if self._owned:
             await self._producer.stop()
 
-    async def send(self, batch: RecordBatch | None, topic: str, key: bytes | None, value: bytes) -> asyncio.Future[Any]:
+    async def send(self, batch: object, topic: str, key: bytes | None, value: bytes) -> asyncio.Future[Any]:
         """Add one record to its partition's open batch; return that batch's delivery future."""
         partition = await self._partition(topic, key)
         state = self._batches.get((topic, partition))
         if state is None:
-            state = self._batches[(topic, partition)] = _Partition(topic, partition)
+            state = self._batches[(topic, partition)] = _PartitionBatches(topic, partition)
         open_batch = state.open
         if open_batch is None:
             open_batch = state.open = self._new_batch()
             if state.on_its_way is None:
                 self._make_ready(state)
-        if open_batch.builder.append(key=key, value=value, timestamp=None) is None:
-            state.full.append(open_batch)  # full: it goes next, and a new one is opened
-            open_batch = state.open = self._new_batch()
-            if open_batch.builder.append(key=key, value=value, timestamp=None) is None:
-                raise ValueError(f"an output record of {len(value)} bytes does not fit in a batch")
+        builder, full = append(open_batch.builder, self._producer.create_batch, key, value)
+        if full is not None:  # full: it goes next, and the new one is open
+            state.full.append(open_batch)
+            open_batch = state.open = _Batch(builder, asyncio.get_running_loop().create_future())
         return open_batch.delivered
 
     async def _partition(self, topic: str, key: bytes | None) -> int:
@@ -125,13 +123,13 @@ class OutputProducer:
         if partition is None:
             if len(cache.by_key) >= self.MAX_CACHED_KEYS:
                 cache.by_key.clear()
-            partition = cache.by_key[key] = (murmur2(key) & 0x7FFFFFFF) % cache.count
+            partition = cache.by_key[key] = partition_of(key, cache.count)
         return partition
 
     def _new_batch(self) -> _Batch:
         return _Batch(self._producer.create_batch(), asyncio.get_running_loop().create_future())
 
-    def _make_ready(self, state: _Partition) -> None:
+    def _make_ready(self, state: _PartitionBatches) -> None:
         self._ready.append(state)
         if not self._scheduled:
             self._scheduled = True
@@ -155,7 +153,7 @@ class OutputProducer:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, state: _Partition, batch: _Batch) -> None:
+    async def _send(self, state: _PartitionBatches, batch: _Batch) -> None:
         try:
             sent = await self._producer.send_batch(batch.builder, state.topic, partition=state.partition)
         except BaseException as exc:
@@ -167,11 +165,11 @@ class OutputProducer:
             return
         sent.add_done_callback(lambda done: self._acknowledged(state, batch, done))
 
-    def _acknowledged(self, state: _Partition, batch: _Batch, done: asyncio.Future[Any]) -> None:
+    def _acknowledged(self, state: _PartitionBatches, batch: _Batch, done: asyncio.Future[Any]) -> None:
         _settle(batch, done)
         self._done(state, batch)
 
-    def _done(self, state: _Partition, batch: _Batch) -> None:
+    def _done(self, state: _PartitionBatches, batch: _Batch) -> None:
         if state.on_its_way is batch:
             state.on_its_way = None
         if state.full or state.open is not None:

@@ -29,7 +29,7 @@ __all__ = ["AckLedger"]
 P = TypeVar("P", bound=Hashable)  # a topic partition
 
 
-class _Partition:
+class _PartitionLedger:
     __slots__ = ("start", "frontier", "done", "gaps")
 
     def __init__(self, frontier: int) -> None:
@@ -62,12 +62,12 @@ class AckLedger(Generic[P]):
     """Done offsets per partition, and the offset up to which all of them are done."""
 
     def __init__(self) -> None:
-        self._partitions: dict[P, _Partition] = {}
+        self._partitions: dict[P, _PartitionLedger] = {}
 
-    def _partition(self, tp: P, committed: int | None, first: int) -> _Partition:
+    def _partition(self, tp: P, committed: int | None, first: int) -> _PartitionLedger:
         state = self._partitions.get(tp)
         if state is None:
-            state = self._partitions[tp] = _Partition(first if committed is None else committed)
+            state = self._partitions[tp] = _PartitionLedger(first if committed is None else committed)
         return state
 
     def begin(self, tp: P, first: int, committed: int | None) -> None:

@@ -8,7 +8,7 @@ one transaction of the producer that owns the record's input partition:
   The id follows the partition, not the worker: whoever owns a partition next initialises the same
   id, which fences a previous owner that is still running (a zombie after a missed rebalance) and
   aborts the transaction a killed owner left open. A new owner waits for the id before anything
-  reads the partition's changelog end or committed offset (:meth:`TransactionalOutputs.fence`): the
+  reads the partition's changelog end or committed offset (:meth:`PartitionTransactions.fence`): the
   broker grants it only once the previous owner's last transaction is complete.
 * **A commit is a cut.** The consumer holds intake while it commits (see
   :class:`agents.ingest.BatchConsumer`), the model boundary is drained, the state cache's changes are
@@ -23,11 +23,8 @@ one transaction of the producer that owns the record's input partition:
   again and their acknowledgements are dropped anyway, see :mod:`agents.ingest`).
 * Any failure to begin, write or commit a transaction (fenced, timed out) stops the worker: its
   open transactions are aborted by the next owner and the records are processed again.
-* **Restores end at markers.** A transactional changelog ends with a commit or abort marker, never
-  with a record, so Faust's restore (which waits to *apply* the record before the end offset) would
-  wait forever; Faust only handles this for its own exactly-once mode. :func:`release_restores`
-  marks a changelog partition restored once the consumer has read past its end with nothing left to
-  apply.
+* **Restores end at markers:** a transactional changelog ends with a marker, never a record; see
+  :mod:`agents.ingest.restore`.
 
 Consumers of seam's outputs read them with ``isolation.level=read_committed``.
 """
@@ -45,25 +42,25 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 from faust.types import TP
 
-from agents.ingest import RecordBatch, table_partition
-from agents.outputs import OutputProducer
-from app.faust_compat import restore_state
+from agents.delivery.outputs import OutputProducer
+from agents.ingest.consumer import table_partition
+from agents.ingest.records import RecordBatch
 from tables.changelog import Write, encode, persist_offsets, send_many, store
 
-__all__ = ["TransactionalOutputs", "release_restores"]
+__all__ = ["PartitionTransactions"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class _Partition:
+class _Transaction:
     producer: AIOKafkaProducer
     outputs: OutputProducer  # the producer's outputs, batched per topic partition and event-loop turn
     in_transaction: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-class TransactionalOutputs:
+class PartitionTransactions:
     """The transactional producers of one worker's input partitions, and the commits across them."""
 
     def __init__(
@@ -86,8 +83,8 @@ class TransactionalOutputs:
             "linger_ms": linger_ms,
             "max_batch_size": max_batch_size,
         }
-        self._partitions: dict[int, _Partition] = {}
-        self._opening: dict[int, asyncio.Future[_Partition]] = {}
+        self._partitions: dict[int, _Transaction] = {}
+        self._opening: dict[int, asyncio.Future[_Transaction]] = {}
         self._staged: dict[int, list[Write]] = {}
         self.commits = 0
         self.dropped = 0
@@ -116,7 +113,7 @@ class TransactionalOutputs:
 
         await asyncio.wait_for(asyncio.gather(*(granted(p) for p in partitions)), timeout_s)
 
-    async def _producer(self, partition: int) -> _Partition:
+    async def _producer(self, partition: int) -> _Transaction:
         state = self._partitions.get(partition)
         if state is not None:
             return state
@@ -129,15 +126,15 @@ class TransactionalOutputs:
             if opening.done():
                 self._opening.pop(partition, None)
 
-    async def _start(self, partition: int) -> _Partition:
+    async def _start(self, partition: int) -> _Transaction:
         producer = AIOKafkaProducer(
             bootstrap_servers=self._bootstrap, transactional_id=self.transactional_id(partition),
             enable_idempotence=True, acks="all", **self._producer_options)
         await producer.start()
-        state = self._partitions[partition] = _Partition(producer, OutputProducer(producer=producer))
+        state = self._partitions[partition] = _Transaction(producer, OutputProducer(producer=producer))
         return state
 
-    async def _begun(self, partition: int) -> _Partition:
+    async def _begun(self, partition: int) -> _Transaction:
         state = await self._producer(partition)
         if not state.in_transaction:
             async with state.lock:
@@ -226,74 +223,3 @@ class TransactionalOutputs:
                 logger.exception("could not abort the transaction of partition %d", partition)
             finally:
                 await state.producer.stop()
-
-
-SETTLE_TURNS = 8  # event-loop turns a record taken from the changelog queue needs to be counted received
-
-
-async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
-    """Until the worker stops: end restores that have read past their changelog's last record (only markers left).
-
-    Faust counts a partition restored once it has received the record at its highwater (the offset
-    before the end), and drops any changelog record at or below the offset marked restored. Marking
-    it too early therefore loses records: a key restored incompletely. A partition is marked once
-    everything the fetcher returned below its end has been received, which takes three steps:
-
-    1. the consumer's position is past the highwater: every record up to it has been fetched;
-    2. a whole drain-loop round has begun since that position was read: the fetch that returned the
-       last records (still on its way from the consumer thread, or being handed on) was handed on;
-    3. the changelog queue is empty and stays empty for a few event-loop turns: the restore has taken
-       every record and counted it (taking one and counting it are some turns apart).
-
-    All in the same assignment (a rebalance restarts the restore) and with no changelog sought back
-    meanwhile (records a rebalance interrupted are fetched again: the position read is no longer
-    true). Faust's restore state is read through :func:`app.faust_compat.restore_state`, after every
-    await, never across one.
-    """
-    consumer = app.consumer
-    past_end: dict[Any, tuple[tuple[int, int, int], int]] = {}  # tp: (assignment, fetch round) once past its end
-
-    def assignment() -> tuple[int, int, int]:
-        return consumer.epoch, app.consumer_generation_id, consumer.rewinds
-
-    def unreceived(tp: Any) -> int | None:
-        """The highwater if ``tp`` still waits for records below it, else None (read now)."""
-        restoring, highwaters, offsets, _ = restore_state(app)
-        highwater, applied = highwaters.get(tp), offsets.get(tp)
-        if not restoring or highwater is None or applied is None or applied >= highwater:
-            return None
-        return highwater
-
-    async def settled() -> bool:
-        for _ in range(SETTLE_TURNS):
-            if not restore_state(app)[3]:
-                return False
-            await asyncio.sleep(0)
-        return restore_state(app)[3]
-
-    while not app.should_stop:  # the consumer goes first when the worker stops
-        await asyncio.sleep(interval_s)
-        if not restore_state(app)[0]:
-            past_end.clear()
-            continue
-        for tp in list(restore_state(app)[1]):
-            highwater = unreceived(tp)
-            if highwater is None:
-                past_end.pop(tp, None)
-                continue
-            seen = past_end.get(tp)
-            if seen is not None and seen[0] == assignment() and consumer.fetch_rounds > seen[1] and await settled():
-                highwater = unreceived(tp)  # again: the turns above let the restore run
-                _, _, offsets, queue_empty = restore_state(app)
-                if highwater is not None and seen[0] == assignment() and queue_empty:
-                    logger.info("restore of %s ends at offset %d: only transaction markers follow", tp, highwater)
-                    offsets[tp] = highwater
-                past_end.pop(tp, None)
-                continue
-            before = assignment()
-            position = await consumer.position(tp)
-            highwater = unreceived(tp)
-            if highwater is not None and position is not None and position > highwater and before == assignment():
-                past_end[tp] = (assignment(), consumer.fetch_rounds)
-            else:
-                past_end.pop(tp, None)

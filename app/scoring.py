@@ -5,9 +5,10 @@ nothing here reads the environment or builds anything at import. ``ScoringServic
 Runtime session when the worker starts, owns the model boundary and the pipeline, and delivers scored
 batches. The processing guarantee and the ingestion path are chosen once, in :func:`install`:
 
+* the guarantee (:mod:`agents.commit.guarantee`): at least once (outputs and the changelog on producers
+  of their own) or exactly once (Kafka transactions); it owns the producers and how state is written;
 * batch ingestion (``SEAM_INGEST=batch``, the default): per-partition lists beneath Faust's per-event
-  path (:mod:`agents.ingest`), state written behind and committed by :class:`agents.checkpoint.Checkpoint`,
-  at least once (changelog on a producer of its own) or exactly once (:mod:`agents.transactions`);
+  path (:mod:`agents.ingest.consumer`), committed by :class:`agents.commit.checkpoint.Checkpoint`;
 * stream ingestion (``SEAM_INGEST=stream``): a plain Faust agent, at least once, with each batch's
   state changes written through Faust's tables at once.
 """
@@ -19,7 +20,7 @@ import functools
 import gc
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import faust
@@ -29,24 +30,32 @@ from faust.types import EventT
 from mode import Service
 from prometheus_client import Histogram
 
-from agents import ingest
-from agents.boundary import BatchResult, ModelBoundary
-from agents.checkpoint import Checkpoint
-from agents.codec import Contract
-from agents.control import ControlFollower
-from agents.deployment import Deployment, DeploymentError, ModelRef, initial
-from agents.formats import RecordFormat, avro_format, json_format
-from agents.metrics import BoundaryMetrics, ModelMetrics
-from agents.models import ModelSet
-from agents.monitor import InputPartition, Readiness, Restore, Snapshot, StatePartition, WorkerCollector, readiness
-from agents.outputs import OutputProducer
-from agents.pipeline import Outputs, Pipeline, ScoringItem, Send
-from agents.runtime import ModelFileError, ModelFiles, ModelInfo, ModelRuntime
-from agents.transactions import TransactionalOutputs, release_restores
-from app.faust_compat import committed_offset, restore_state, restoring, rocksdb_partitions
+from agents.commit.checkpoint import Checkpoint
+from agents.commit.guarantee import guarantee_for
+from agents.delivery.outputs import OutputProducer
+from agents.formats.codec import Contract
+from agents.formats.record_format import RecordFormat, avro_format, json_format
+from agents.ingest import consumer as ingest
+from agents.ingest.records import Acker, RecordBatch
+from agents.model.boundary import BatchResult, ModelBoundary
+from agents.model.control import ControlFollower
+from agents.model.deployment import Deployment, DeploymentError, ModelRef, initial
+from agents.model.models import ModelSet
+from agents.model.runtime import ModelFileError, ModelFiles, ModelInfo, ModelRuntime
+from agents.observe.metrics import BoundaryMetrics, ModelMetrics
+from agents.observe.monitor import (
+    InputPartition,
+    Readiness,
+    Restore,
+    Snapshot,
+    StatePartition,
+    WorkerCollector,
+    readiness,
+)
+from agents.pipeline import Outputs, Pipeline, ScoringItem
 from app.settings import Settings
 from tables.cache import StateCache, StoreState
-from tables.changelog import ChangelogProducer, ChangelogWriter
+from tables.faust_compat import committed_offset, restore_state, restoring, rocksdb_partitions
 from tables.features import KeyState
 from tables.key_store import Stored, changes, stored_key
 from tables.spec import FeatureSpec
@@ -55,15 +64,6 @@ from tables.state import LAYOUT_KEY, WATERMARK_KEY, StateTables
 __all__ = ["ScoringService", "install"]
 
 logger = logging.getLogger(__name__)
-
-
-def _route(topic: str, to: Send, others: Send) -> Send:
-    """A send that hands ``topic``'s records to ``to`` and every other topic's to ``others``."""
-
-    def send(batch: ingest.RecordBatch, name: str, key: bytes | None, value: bytes) -> Awaitable[Awaitable[object]]:
-        return (to if name == topic else others)(batch, name, key, value)
-
-    return send
 
 
 def _age_s(item: ScoringItem) -> float:
@@ -119,9 +119,9 @@ def _timed_collections(pause: Histogram) -> Callable[[str, dict[str, Any]], None
 
 
 class ScoringService(Service):
-    """Owns the models (agents.models), their boundaries and the pipeline; delivers scored batches to Kafka.
+    """Owns the models (agents.model.models), their boundaries and the pipeline; delivers scored batches to Kafka.
 
-    The models served are the control topic's deployment (agents.control), followed while the worker
+    The models served are the control topic's deployment (agents.model.control), followed while the worker
     runs; with none there, ``SEAM_MODEL_PATH``.
     """
 
@@ -130,7 +130,7 @@ class ScoringService(Service):
         super().__init__(**kwargs)
         self.app, self.settings, self.tables = app, settings, tables
         self.spec, self.contract = spec, Contract(spec)  # what the input holds and which features it gets
-        self.models: ModelSet | None = None
+        self.models: ModelSet[ScoringItem] | None = None
         self._gc_timer: Callable[[str, dict[str, Any]], None] | None = None  # times collections once ready
         self.control: ControlFollower | None = None
         self.shadow_producer: OutputProducer | None = None
@@ -140,39 +140,23 @@ class ScoringService(Service):
         self.metrics = BoundaryMetrics()
         WorkerCollector(self._snapshot, registry=self.metrics.registry)
         self._revoked_at: float | None = None  # when the running rebalance revoked the partitions
-        self.changelog_producer: ChangelogProducer | None = None
-        self.output_producer: OutputProducer | None = None
-        self.feature_log_producer: OutputProducer | None = None
-        # Exactly once: outputs, state and offsets go into one transaction per input partition per commit.
-        self.transactions = (
-            TransactionalOutputs(bootstrap=settings.broker_bootstrap, group_id=app.conf.id,
-                                 input_topic=settings.input_topic,
-                                 current_epoch=lambda: cast(ingest.BatchConsumer, app.consumer).epoch)
-            if settings.processing_guarantee == "exactly_once" else None)
-        # At least once with batch ingestion: table writes go out in bulk (tables.changelog).
-        self.changelog = (
-            ChangelogWriter(self._send_changelog, functools.partial(ingest.table_partition, settings.input_topic))
-            if self.transactions is None and settings.ingest == "batch" else None)
-        # Batch ingestion: writes changed state behind, between commits (set by the ingestion path).
-        self.write_behind: Callable[[], Awaitable[None]] | None = None
-        self._restore_watch: asyncio.Future[None] | None = None
+        # Chosen once: what differs between at least once and exactly once (producers, state writes,
+        # fencing, revocation, stop).
+        self.guarantee = guarantee_for(
+            settings.processing_guarantee, bootstrap=settings.broker_bootstrap, group_id=app.conf.id,
+            input_topic=settings.input_topic, feature_log_topic=settings.feature_log_topic or None,
+            write_interval_s=settings.state_write_interval_s,
+            current_epoch=lambda: cast(ingest.BatchConsumer, app.consumer).epoch)
         self._ready = asyncio.Event()
         self.joined_generation: int | None = None  # the group generation of the last assignment received
-
-    async def _send_changelog(self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
-                              ) -> list[int]:
-        producer = self.changelog_producer
-        if producer is None:
-            raise RuntimeError("the changelog producer is not running")
-        return await producer.send_many(topic, partition, records)
 
     def _state_writers(self) -> tuple[StoreState, Callable[[int], None], Callable[[str], None]]:
         """How the state cache writes a key's state, a watermark and a layout record, for the configured mode."""
         tables = self.tables
-        if self.transactions is None and self.changelog is None:
-            # The plain Faust path: Faust table writes.
+        if self.settings.ingest == "stream":
+            # The plain Faust path: Faust table writes, with each batch's changes at once.
             return tables.store_state, tables.store_watermark, tables.store_layout
-        write = self.transactions.stage if self.transactions is not None else self.changelog.write  # type: ignore[union-attr]
+        write = self.guarantee.table_write
 
         def write_state(key: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
             partition = ingest.current_partition()
@@ -191,23 +175,8 @@ class ScoringService(Service):
 
     async def on_start(self) -> None:
         settings = self.settings
-        if self.changelog is not None:
-            self.changelog_producer = ChangelogProducer(settings.broker_bootstrap)
-            await self.changelog_producer.start()
         self.metrics.set_sla(settings.sla_ms / 1000)
-        send: Send
-        if self.transactions is not None:
-            send = self.transactions.send
-        else:
-            # The feature log (as many records as the predictions, for offline use) goes on a connection of
-            # its own, so a prediction's produce request does not carry the feature log's bytes as well.
-            self.output_producer = OutputProducer(settings.broker_bootstrap)
-            await self.output_producer.start()
-            send = self.output_producer.send
-            if settings.feature_log_topic:
-                self.feature_log_producer = OutputProducer(settings.broker_bootstrap)
-                await self.feature_log_producer.start()
-                send = _route(settings.feature_log_topic, self.feature_log_producer.send, send)
+        send = await self.guarantee.start()
         if settings.input_format == "avro":
             subjects = {"prediction": f"{settings.predictions_topic}-value",
                         "shadow-score": f"{settings.shadow_topic}-value"}
@@ -304,20 +273,19 @@ class ScoringService(Service):
     async def on_stop(self) -> None:
         if self._gc_timer is not None and self._gc_timer in gc.callbacks:
             gc.callbacks.remove(self._gc_timer)
-        # The app has stopped fetching by now. Commit what is delivered while the changelog producer
-        # still runs (the consumer's own last commit comes after this service has stopped).
-        if self.pipeline is not None and self.output_producer is not None:
-            await self.app.consumer.commit()
+        # The app has stopped fetching by now (the consumer's own last commit comes after this service
+        # has stopped): at least once commits what is delivered while its producers still run.
+        if self.pipeline is not None:
+            await self.guarantee.stopping(self.app)
         if self.models is not None:
             await self.models.close()
         if self.control is not None:
             await self.control.stop()
             self.control = None
-        for producer in (self.output_producer, self.feature_log_producer, self.changelog_producer,
-                         self.shadow_producer):
-            if producer is not None:
-                await producer.stop()
-        self.output_producer = self.feature_log_producer = self.changelog_producer = self.shadow_producer = None
+        await self.guarantee.close()
+        if self.shadow_producer is not None:
+            await self.shadow_producer.stop()
+            self.shadow_producer = None
         if self.format.close is not None:
             await self.format.close()
 
@@ -343,8 +311,8 @@ class ScoringService(Service):
     @Service.task
     async def _write_behind(self) -> None:
         await self.wait_ready()
-        if self.write_behind is not None:
-            await self.write_behind()
+        if self.settings.ingest == "batch":  # the plain Faust path writes each batch's changes at once
+            await self.guarantee.write_behind(self, self.app)
 
     @Service.task
     async def _collect_young(self) -> None:
@@ -417,17 +385,11 @@ class ScoringService(Service):
         self._revoked_at = time.perf_counter()
         if self.pipeline is not None:
             self.pipeline.forget_partitions()
-        if self.transactions is not None:
-            await self.transactions.close()
+        await self.guarantee.revoked()
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         self._rebalanced(assigned)
-        if self.transactions is None:
-            return  # under exactly once the producers were opened and fenced before this (fence_assigned)
-        watch = self._restore_watch
-        if (watch is None or watch.done()) and not self.app.should_stop:
-            # Started here, not as a service task: user services start only after the restore it ends.
-            self._restore_watch = asyncio.ensure_future(release_restores(self.app))
+        self.guarantee.assigned(self.app)
 
     def _rebalanced(self, assigned: Any) -> None:
         metrics, revoked_at = self.metrics, self._revoked_at
@@ -452,7 +414,7 @@ class ScoringService(Service):
                          rebalancing=bool(app.rebalancing), restoring=restoring(app), input_partitions=inputs)
 
     def _snapshot(self) -> Snapshot | None:
-        """Lag, state size and restore progress as they are now (read by /metrics, see agents.monitor)."""
+        """Lag, state size and restore progress as they are now (read by /metrics, see agents.observe.monitor)."""
         pipeline = self.pipeline
         if pipeline is None:
             return None
@@ -479,18 +441,22 @@ class ScoringService(Service):
         return Snapshot(topic, inputs, state, restores, rebalancing=bool(app.rebalancing),
                         cache_hits=pipeline.cache.hits, cache_misses=pipeline.cache.misses)
 
-    async def fence_assigned(self, assigned: set[Any]) -> None:
-        """Exactly once: wait for the previous owners' transactions before restoring and seeking."""
-        assert self.transactions is not None
-        await self.transactions.fence({tp.partition for tp in assigned if tp.topic == self.settings.input_topic})
-
     async def before_shutdown(self) -> None:
-        # Owned here: left running, the restore watch outlives the consumer and fails once the event
-        # loop is closed.
-        watch = self._restore_watch
-        if watch is not None and not watch.done():
-            watch.cancel()
-            await asyncio.wait([watch])
+        await self.guarantee.before_shutdown()
+
+    # What a commit reads of the work in flight (agents.commit.checkpoint.Work).
+
+    @property
+    def cache(self) -> StateCache | None:
+        return None if self.pipeline is None else self.pipeline.cache
+
+    async def deliver_in_flight(self) -> None:
+        if self.models is not None:
+            await self.models.flush()
+
+    async def delivered(self) -> None:
+        if self.pipeline is not None:
+            await self.pipeline.delivered()
 
 
 def install(app: faust.App, settings: Settings, tables: StateTables, spec: FeatureSpec) -> ScoringService:
@@ -521,26 +487,13 @@ class BatchIngestion:
     """Per-partition lists beneath Faust's per-event path; commits through the checkpoint."""
 
     def install(self, app: faust.App, settings: Settings, scoring: ScoringService, topic: Any) -> None:
-        transactions = scoring.transactions
-        # The commit protocol, both guarantees, every step in order: agents/checkpoint.py.
-        checkpoint = Checkpoint(scoring, app, changelog=scoring.changelog, transactions=transactions,
-                                write_interval_s=settings.state_write_interval_s)
-        scoring.write_behind = checkpoint.write_behind
-        ingestion = ingest.install(
-            app, commit_offsets=None if transactions is None else checkpoint.commit_transactions,
-            fetch=ingest.FetchOptions(settings.fetch_min_bytes, settings.fetch_max_wait_ms),
-            observe_commit=scoring.metrics.commit.observe,
-            prepare_assignment=None if transactions is None else scoring.fence_assigned)
-
-        @ingestion.before_revoke
-        async def _flush_boundary() -> None:
-            if scoring.models is not None:
-                await scoring.models.flush()
-
-        ingestion.before_commit(checkpoint.before_offsets)
+        # The commit protocol, both guarantees, every step in order: agents/commit/checkpoint.py.
+        checkpoint = Checkpoint(app, scoring.guarantee, scoring)
+        ingestion = ingest.install(app, checkpoint,
+                                   fetch=ingest.FetchOptions(settings.fetch_min_bytes, settings.fetch_max_wait_ms))
 
         @ingestion.batch_agent(app, topic)
-        async def score_batches(batch: ingest.RecordBatch) -> None:
+        async def score_batches(batch: RecordBatch) -> None:
             """Compute the features of a partition's fetched records and hand them to the boundary."""
             pipeline = await scoring.wait_ready()
             await pipeline.handle(batch)
@@ -560,7 +513,7 @@ class _StreamRecord:
         self.headers: Sequence[tuple[str, bytes]] = [(str(name), value) for name, value in pairs]
 
 
-def _acker(event: EventT) -> ingest.Acker:
+def _acker(event: EventT) -> Acker:
     def ack(_offsets: Sequence[int]) -> bool:
         return event.ack()
 
@@ -578,4 +531,4 @@ class StreamIngestion:
                 msg = event.message
                 record = _StreamRecord(msg.topic, msg.partition, msg.offset, int((msg.timestamp or 0) * 1000),
                                        msg.key, msg.value, msg.headers)
-                await pipeline.handle(ingest.RecordBatch(msg.topic, msg.partition, [record], _acker(event)))
+                await pipeline.handle(RecordBatch(msg.topic, msg.partition, [record], _acker(event)))

@@ -1,7 +1,7 @@
 """The control topic: deployments as records in a compacted topic that every worker follows.
 
 One key (``deployment``), the newest record wins: compaction keeps it, a worker that starts later
-reads it first, and ``seam model ...`` commands read it, change it (:mod:`agents.deployment`) and
+reads it first, and ``seam model ...`` commands read it, change it (:mod:`agents.model.deployment`) and
 write the next revision. Revisions only increase: a record whose revision is not above the highest read
 so far (an old record written again, a producer other than ``seam model``) is refused like an unusable
 one, and the models served stay. Workers read it with a consumer of their own, outside the consumer group:
@@ -17,8 +17,8 @@ from collections.abc import Callable
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from agents.deployment import Deployment, DeploymentError
-from app.topics import assign_all
+from agents.model.deployment import Deployment, DeploymentError
+from tables.kafka import assign_all
 
 __all__ = ["KEY", "ControlFollower", "change", "decode", "encode", "read_latest", "write"]
 

@@ -10,10 +10,10 @@ Avro binary encoding of the datum (no container header): what Confluent's serial
   ``UNKNOWN_RECHECK_S``, a registry that did not answer for ``RETRY_AFTER_S``: records meanwhile get
   the refusal at once instead of each waiting (the outage policy: see the README's "Avro" section).
 * :class:`AvroInput`: resolves a batch's schema ids, then decodes each record with fastavro and validates
-  it as the JSON path does (:meth:`agents.codec.Contract.validate`). Never raises on bad input.
+  it as the JSON path does (:meth:`agents.formats.codec.Contract.validate`). Never raises on bad input.
 * :func:`schema_for`: the schemas a feature spec implies: ``input`` (what producers write and
   ``seam produce`` registers), and the outputs ``prediction``, ``features`` and ``shadow-score``.
-* :class:`AvroOutputs`: the output schemas, checked against what seam writes, registered under
+* :class:`AvroEncoder`: the output schemas, checked against what seam writes, registered under
   ``<topic>-value``, and their encoders.
 """
 
@@ -36,12 +36,12 @@ import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.validation import validate
 
-from agents.codec import DEFAULT_CONTRACT, MAX_RECORD_BYTES, Contract, Event, Invalid
+from agents.formats.codec import DEFAULT_CONTRACT, MAX_RECORD_BYTES, Contract, Event, Invalid
 from tables.spec import FeatureSpec
 
 __all__ = [
     "AvroInput",
-    "AvroOutputs",
+    "AvroEncoder",
     "AvroWriter",
     "RegistryUnavailable",
     "SchemaCache",
@@ -449,7 +449,7 @@ async def input_writer(registry_url: str, subject: str, spec: FeatureSpec, timeo
         await registry.close()
 
 
-class AvroOutputs:
+class AvroEncoder:
     """seam's output records in Avro: the spec's output schemas (:func:`schema_for`), registered under
     ``<topic>-value``.
 
@@ -488,11 +488,11 @@ class AvroOutputs:
                 validate(datum, parse_schema(schema_for(name, spec)), raise_errors=True, strict=True)
                 if written != reference[name](datum):
                     raise ValueError(f"the {name} schema does not match what seam writes for it "
-                                     "(agents.avro.AvroOutputs): change both together")
+                                     "(agents.formats.avro.AvroEncoder): change both together")
 
     @classmethod
     async def register(cls, registry: SchemaRegistry, subjects: dict[str, str], contract: Contract,
-                       timeout_s: float) -> AvroOutputs:
+                       timeout_s: float) -> AvroEncoder:
         """Check the schemas, register each under its subject (schema name -> subject), retrying up to ``timeout_s``."""
         cls.check(contract)
         deadline = time.monotonic() + timeout_s

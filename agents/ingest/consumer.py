@@ -4,60 +4,66 @@ Faust delivers records one at a time (a task per message in the consumer's drain
 conductor, the stream, an ack per event); that plumbing, not the model or the broker, caps a Faust
 agent at a few thousand events per second. This module keeps Faust's consumer thread, rebalancing,
 commit bookkeeping, tables and web views, and replaces only the drain loop for topics that have a
-batch handler. :func:`install` gives an app a consumer of its own and returns its :class:`Ingestion`,
-on which handlers and hooks are registered (they belong to that app, not to this module):
+batch handler. :func:`install` gives an app a consumer of its own that commits through the app's
+:class:`Commits` (seam's: :class:`agents.commit.checkpoint.Checkpoint`, where every step of a commit is),
+and returns its :class:`Ingestion`, on which handlers are registered (they belong to that app):
 
 * ``@ingestion.batch_agent(app, topic)`` registers ``async def handler(batch: RecordBatch)``. The handler receives
   every record the fetch returned for one partition, raw (bytes, offset, key, timestamp), in order.
 * Acknowledgement is explicit: ``batch.ack(offsets)`` marks offsets committable once their outputs
   are delivered; Faust's periodic commit then advances each partition up to the first offset not yet
-  acknowledged, as seam's ledger (:mod:`agents.acks`) counts it. Offsets the broker never returns
+  acknowledged, as seam's ledger (:mod:`agents.ingest.acks`) counts it. Offsets the broker never returns
   (transaction markers, compacted records) are registered as gaps and count as acknowledged.
-* Rebalance safety: when partitions are revoked, the hooks registered with :meth:`Ingestion.before_revoke`
-  (the pipeline flushes its model boundary) get up to ``REVOKE_FLUSH_TIMEOUT_S`` to deliver what is
-  in flight, and what they acknowledged is committed before the partitions go. Every batch also
+* Rebalance safety: when partitions are revoked, intake closes and a commit runs (``"revocation"``:
+  what is in flight is delivered, within a bound, and what it acknowledged is committed) before the
+  partitions go. Every batch also
   remembers the assignment epoch it was fetched in; Faust revokes all partitions at every rebalance
   and seeks back to the committed offsets afterwards, so an ack that arrives later, from an older
   epoch, is dropped: those records are delivered again (to this worker or the new owner) and are
   never acknowledged after their partition moved.
 * Backpressure: the drain loop awaits the handler, and the handler awaits the model boundary, so a
   full boundary stops fetching; the consumer thread's own fetch buffer bounds what is read ahead.
-* :meth:`Ingestion.before_commit` hooks run right before every offset commit (the pipeline flushes its cached
-  table writes there, so the changelog records precede the offsets that depend on them).
+* Commits: Faust's timer and Faust's stop call :meth:`BatchConsumer.commit`, which hands them on with
+  their reason; so do acknowledgements piling up (in the background, where the guarantee wants it).
+  The consumer answers which offsets may be committed (:meth:`BatchConsumer.committable_offsets`) and
+  commits them for the group (:meth:`BatchConsumer.commit_group_offsets`).
 * A handler that raises stops the worker without acknowledging the batch (it is redelivered after
   the restart); the error is logged with its partition and offsets.
-* Transactions (:func:`install` with ``commit_offsets``): offsets are committed by that function
-  (seam's exactly-once mode writes them into Kafka transactions, see :mod:`agents.transactions`)
-  instead of the consumer, every commit holds intake (no handler runs while hooks and the commit
-  do), and the consumer reads ``read_committed``.
+* Transactions (commits that ``read_committed``): the consumer reads only committed records, and after a
+  seek never goes back before what it committed in a transaction itself.
 
-The private faust-streaming and aiokafka names it relies on are listed, and all but the consumer's own
-state used from the subclass are reached through, :mod:`app.faust_compat`.
+The private faust-streaming and aiokafka names it relies on are listed in :mod:`tables.faust_compat`, and
+reached through it: the consumer's own state as well, through the names that module gives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from faust.types import TP, AppT, TopicT
 
-from agents.acks import AckLedger
-from agents.epochs import AssignmentEpochs
-from app.faust_compat import (
+from agents.ingest.acks import AckLedger
+from agents.ingest.epochs import AssignmentEpochs
+from agents.ingest.records import Acker, RawRecord, RecordBatch
+from tables.faust_compat import (
     AIOKafkaConsumerThread,
     FaustConsumer,
     FaustTransport,
     ack_lock,
+    commit_offsets,
     current_event,
+    is_changelog,
     rewind,
     tune_fetch,
+)
+from tables.faust_compat import (
+    fetcher_stopped as fetcher_stopped_of,
 )
 
 __all__ = [
@@ -67,8 +73,9 @@ __all__ = [
     "FetchOptions",
     "RawRecord",
     "RecordBatch",
+    "Commits",
+    "CommitReason",
     "Ingestion",
-    "SkipCommit",
     "current_partition",
     "install",
     "table_partition",
@@ -77,55 +84,32 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class RawRecord(Protocol):
-    """One Kafka record as fetched: aiokafka's ``ConsumerRecord`` satisfies it (timestamp in ms)."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]]  # carried into dead letters and late records, so a replay keeps them
-
-
-Acker = Callable[[Sequence[int]], object]
-
-
-class RecordBatch:
-    """The records one fetch returned for one partition, and the way to acknowledge them."""
-
-    __slots__ = ("topic", "partition", "records", "epoch", "_acker")
-
-    def __init__(self, topic: str, partition: int, records: Sequence[RawRecord], acker: Acker, epoch: int = 0) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.records = records
-        self.epoch = epoch  # the consumer's assignment epoch when the records were fetched
-        self._acker = acker
-
-    def ack(self, offsets: Sequence[int]) -> None:
-        """Mark these offsets committable: their outputs are delivered."""
-        self._acker(offsets)
-
-    def __repr__(self) -> str:
-        first, last = self.records[0].offset, self.records[-1].offset
-        return f"<RecordBatch {self.topic}[{self.partition}] offsets {first}..{last} ({len(self.records)})>"
-
-
 BatchHandler = Callable[[RecordBatch], Awaitable[None]]
-RevokeHook = Callable[[], Awaitable[None]]
-CommitHook = Callable[[], Awaitable[None]]
-OffsetCommitter = Callable[[Mapping[TP, int]], Awaitable[bool]]
-AssignmentPreparer = Callable[[set[TP]], Awaitable[None]]
-REVOKE_FLUSH_TIMEOUT_S = 10.0
-STOP_COMMIT_TIMEOUT_S = 5.0
+# What asked for a commit: Faust (its commit timer), Faust or seam while the worker stops, acknowledgements
+# piling up, partitions about to be revoked.
+CommitReason = Literal["faust", "acks", "revocation", "stop"]
 # A hole this large in the offsets handed over is not transaction markers: worth a warning (see _deliver_batch_now).
 LARGE_GAP = 100
 
 
-class SkipCommit(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """Raised by a commit hook when committing now would be unsafe; the commit is skipped."""
+class Commits(Protocol):
+    """Who commits for a batch consumer: :class:`agents.commit.checkpoint.Checkpoint`."""
+
+    intake: asyncio.Lock  # held by the consumer around every batch it hands over
+
+    @property
+    def commits_on_acks(self) -> bool:
+        """Whether acknowledgements piling up (Faust's ``broker_commit_every``) start a commit."""
+
+    @property
+    def read_committed(self) -> bool:
+        """Whether the consumer reads only committed records (transactions)."""
+
+    async def prepare_assignment(self, assigned: set[TP]) -> None:
+        """Run on newly assigned partitions before their restore starts and before they are sought."""
+
+    async def commit(self, reason: CommitReason, *, then: Callable[[], None] | None = None) -> bool:
+        """Commit what is done (``then`` runs before intake opens again); return whether offsets went."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,25 +123,11 @@ class FetchOptions:
 
 @dataclass
 class Ingestion:
-    """One app's batch ingestion: its handlers and hooks, and how it fetches and commits (see :func:`install`)."""
+    """One app's batch ingestion: its handlers, who commits, and how it fetches (see :func:`install`)."""
 
-    offset_committer: OffsetCommitter | None = None  # commits in transactions, holding intake
-    commit_observer: Callable[[float], None] | None = None  # gets the seconds each commit took
-    assignment_preparer: AssignmentPreparer | None = None  # before a new assignment is restored and sought
+    commits: Commits
     fetch: FetchOptions = field(default_factory=FetchOptions)
     handlers: dict[str, BatchHandler] = field(default_factory=dict)
-    revoke_hooks: list[RevokeHook] = field(default_factory=list)
-    commit_hooks: list[CommitHook] = field(default_factory=list)
-
-    def before_revoke(self, hook: RevokeHook) -> RevokeHook:
-        """Register ``hook`` to deliver in-flight work before partitions are revoked (bounded in time)."""
-        self.revoke_hooks.append(hook)
-        return hook
-
-    def before_commit(self, hook: CommitHook) -> CommitHook:
-        """Register ``hook`` to run (and be awaited) right before every offset commit."""
-        self.commit_hooks.append(hook)
-        return hook
 
     def batch_agent(self, app: AppT, topic: TopicT) -> Callable[[BatchHandler], BatchHandler]:
         """Register ``handler`` for every partition of ``topic`` (the topic joins the app's subscription)."""
@@ -226,20 +196,17 @@ class _TunedConsumerThread(AIOKafkaConsumerThread):
 class BatchConsumer(FaustConsumer):
     """Faust's aiokafka consumer whose drain loop hands batch-handled topics over as lists."""
 
-    ingestion = Ingestion()  # :func:`install` gives each app a subclass with its own
+    ingestion: Ingestion  # :func:`install` gives each app a subclass with its own
 
     @property
-    def offset_committer(self) -> OffsetCommitter | None:
-        """Set by :func:`install`: commits go through it, holding intake, reading read_committed."""
-        return self.ingestion.offset_committer
+    def commits(self) -> Commits:
+        return self.ingestion.commits
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.epochs = AssignmentEpochs()  # what may be handed over, and from where (agents.epochs)
-        self.acks: AckLedger[TP] = AckLedger()  # what batch-handled partitions may commit (agents.acks)
+        self.epochs = AssignmentEpochs()  # what may be handed over, and from where (agents.ingest.epochs)
+        self.acks: AckLedger[TP] = AckLedger()  # what batch-handled partitions may commit (agents.ingest.acks)
         self._background_commit: asyncio.Future[None] | None = None
-        self._intake = asyncio.Lock()
-        self._committing = asyncio.Lock()
         self.transaction_offsets: dict[TP, int] = {}  # offsets this worker committed in transactions
         self.fetch_rounds = 0  # drain-loop rounds begun: each hands on all its fetch returned, then the next begins
         self.rewinds = 0  # changelog partitions sought back to records fetched but not handed on
@@ -267,37 +234,29 @@ class BatchConsumer(FaustConsumer):
         # Before Faust's own handling, which starts the restores (reading the changelogs' end
         # offsets) and then seeks to the committed offsets: exactly once waits here until the
         # previous owner's transactions are complete, so both read what that owner committed.
-        preparer = self.ingestion.assignment_preparer
-        if preparer is not None:
-            await preparer(assigned)
+        await self.commits.prepare_assignment(assigned)
         await super().on_partitions_assigned(assigned, generation_id)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        # Intake closes first: a batch handed over after the in-flight work was delivered, or while
-        # its offsets were committed, would be acknowledged too late and handled again by the next
-        # owner. No commit runs meanwhile either (one may already hold the producer's flush).
-        async with self._committing, self._intake:
-            if revoked:
-                revoke_hooks = self.ingestion.revoke_hooks
-                if revoke_hooks:
-                    try:
-                        await asyncio.wait_for(asyncio.gather(*(hook() for hook in revoke_hooks)),
-                                               REVOKE_FLUSH_TIMEOUT_S)
-                    except TimeoutError:
-                        logger.warning("in-flight batches not delivered within %.0fs of revocation; they will "
-                                       "be delivered again", REVOKE_FLUSH_TIMEOUT_S)
-                await self._bounded_while_stopping(self._commit_after_hooks(None, True))
+        def forget() -> None:
             # Any batch fetched before this point may no longer be ours: its acks are dropped, and
             # what was done in the revoked partitions no longer counts (their records come again).
             self.epochs.revoke()
             self.acks.forget(revoked)
+
+        if revoked:
+            # Intake closed, in-flight work delivered, then committed, then forgotten: a batch handed
+            # over meanwhile would be acknowledged too late and handled again by the next owner.
+            await self.commits.commit("revocation", then=forget)
+        else:
+            async with self.commits.intake:
+                forget()
         await super().on_partitions_revoked(revoked)
 
     async def perform_seek(self) -> None:
         started_in = self.epochs.seek_started()
         await super().perform_seek()
-        if self.offset_committer is not None:
-            await self._seek_past_own_commits()
+        await self._seek_past_own_commits()
         self.epochs.seek_done(started_in)
 
     async def _seek_past_own_commits(self) -> None:
@@ -318,62 +277,27 @@ class BatchConsumer(FaustConsumer):
         for tp, tp_records in self.epochs.take_held().items():
             await self._deliver_batch(tp, tp_records, self.ingestion.handlers[tp.topic])
 
+    @property
+    def stopping(self) -> bool:
+        """Whether the consumer or the app is stopping."""
+        return bool(self.should_stop or self.app.should_stop)
+
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
-        return await self._bounded_while_stopping(self._commit_one_at_a_time(topics, start_new_transaction))
+        """Faust's commit (its timer, its stop): every topic's, through the app's commits."""
+        return await self.commits.commit("stop" if self.stopping else "faust")
 
-    async def _bounded_while_stopping(self, commit: Awaitable[bool]) -> bool:
-        if not (self.should_stop or self.app.should_stop):
-            return await commit
-        # Stopping: a commit must not hold shutdown up (the producer or the consumer thread may be
-        # gone). Not committing is safe: the records are delivered again.
-        try:
-            return await asyncio.wait_for(commit, STOP_COMMIT_TIMEOUT_S)
-        except TimeoutError:
-            logger.warning("commit while stopping took over %.0fs; skipped (those records are delivered again)",
-                           STOP_COMMIT_TIMEOUT_S)
-            return False
+    def committable_offsets(self) -> dict[TP, int]:
+        """Each partition's offset up to which every record is done (Faust asks :meth:`_new_offset`)."""
+        return dict(self._filter_committable_offsets(list(self._filter_tps_with_pending_acks(None))))
 
-    async def _commit_one_at_a_time(self, topics: Any, start_new_transaction: bool) -> bool:
-        async with self._committing:  # one at a time, hooks included (a hook may yield mid-flush)
-            started = time.perf_counter()
-            if self.offset_committer is None:
-                committed = await self._commit_after_hooks(topics, start_new_transaction)
-            else:
-                async with self._intake:  # a cut: no batch is handled until the transactions commit
-                    committed = await self._commit_after_hooks(topics, start_new_transaction)
-            observer = self.ingestion.commit_observer
-            if committed and observer is not None:
-                observer(time.perf_counter() - started)
-            return committed
+    async def commit_group_offsets(self, offsets: Mapping[TP, int]) -> bool:
+        """Commit ``offsets`` for the consumer group, as Faust's own commit does."""
+        return await commit_offsets(self, offsets)
 
-    async def _commit_after_hooks(self, topics: Any, start_new_transaction: bool) -> bool:
-        # Runs before Faust computes the committable offsets and flushes the producer, so table
-        # writes released here reach the changelog before the offsets that depend on them.
-        try:
-            for hook in self.ingestion.commit_hooks:
-                await hook()
-        except SkipCommit as reason:
-            logger.info("commit skipped: %s", reason)
-            return False
-        committer = self.offset_committer
-        if committer is None:
-            return await super().commit(topics, start_new_transaction=start_new_transaction)
-        # Faust's commit drops partitions that are no longer in the assignment, which they are not
-        # any more while being revoked; their transactions must still commit with their offsets.
-        pending = list(self._filter_tps_with_pending_acks(topics))
-        offsets = self._filter_committable_offsets(pending)
-        try:
-            committed = await committer(offsets)
-        except Exception as exc:
-            logger.exception("transactional commit failed; stopping (open transactions are aborted by the "
-                             "partitions' next owner, and their records processed again)")
-            # Not awaited here: stopping commits too, and this commit holds intake until it returns.
-            self.add_future(self.crash(exc))
-            return False
-        if committed:
-            self._committed_offset.update(offsets)
-            self.transaction_offsets.update(offsets)
-        return committed
+    def committed_in_transactions(self, offsets: Mapping[TP, int]) -> None:
+        """Record offsets that transactions committed: a seek never goes back before them."""
+        self._committed_offset.update(offsets)
+        self.transaction_offsets.update(offsets)
 
     def ack_offsets(self, tp: TP, offsets: Iterable[int], epoch: int) -> int:
         """Mark ``offsets`` of ``tp`` acknowledged unless the assignment changed; return how many."""
@@ -398,13 +322,13 @@ class BatchConsumer(FaustConsumer):
                 yield tp
 
     async def _drain_messages(self, fetcher: Any) -> None:  # noqa: C901 - mirrors Faust's loop
-        consumer_stopped = self._stopped.is_set
-        fetcher_stopped = fetcher._stopped.is_set
+        consumer_stopped = self._stopped.is_set  # the base class's own (see tables.faust_compat)
+        fetcher_stopped = fetcher_stopped_of(fetcher)
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 # Everything the previous round's fetch returned was handed on (to a handler, to a
                 # table's restore), or dropped for a rebalance and sought back to: a restore may count
-                # on it (see agents.transactions.release_restores).
+                # on it (see agents.commit.transactions.release_restores).
                 self.fetch_rounds += 1
                 records, active = await self._wait_next_records(1.0)
                 if self.epochs.holding and self.epochs.positioned and self.flow_active and not self.should_stop:
@@ -434,9 +358,7 @@ class BatchConsumer(FaustConsumer):
                         await self._deliver_batch(tp, tp_records, handler)
                 await self._rewind(dropped)
                 commit_every = self._commit_every
-                # Exactly once commits by the interval only: every commit is a cut that holds intake
-                # (and outputs are visible when it is done, not sooner, whatever piled up).
-                if commit_every is not None and self._n_acked >= commit_every and self.offset_committer is None:
+                if commit_every is not None and self._n_acked >= commit_every and self.commits.commits_on_acks:
                     # In the background, unlike Faust's loop: a commit flushes the producer (and the
                     # state cache's changelog writes); awaiting it here would stall ingestion.
                     self._n_acked = 0
@@ -456,7 +378,7 @@ class BatchConsumer(FaustConsumer):
 
     async def _commit_in_background(self) -> None:
         try:
-            await self.commit()
+            await self.commits.commit("acks")
         except Exception:
             if not self.should_stop:  # failing while stopping is expected; the next owner re-reads
                 logger.exception("background commit failed")
@@ -464,7 +386,7 @@ class BatchConsumer(FaustConsumer):
     async def _deliver_batch(self, tp: TP, tp_records: list[Any], handler: BatchHandler) -> None:
         epoch = self.epoch
         try:
-            async with self._intake:  # closed while a commit cuts (exactly once) or partitions are revoked
+            async with self.commits.intake:  # closed while a commit cuts (exactly once) or partitions are revoked
                 if self.epoch != epoch:
                     # Revoked while this waited: the partition is sought to its committed offset again
                     # (here or at its next owner), which these records are not before.
@@ -521,10 +443,10 @@ class BatchConsumer(FaustConsumer):
         # key restored without them). An input partition dropped without that seek (fetched while it
         # was not yet active, or in a generation that ended) would stay past them as well, and its next
         # records would start after a hole that the acknowledgement ledger takes for offsets the broker
-        # skipped: committed, never scored. Both are sought back to (see app.faust_compat.rewind);
+        # skipped: committed, never scored. Both are sought back to (see tables.faust_compat.rewind);
         # ``inputs=False`` where Faust's seek to the committed offsets follows anyway.
         for tp, tp_records in fetched:
-            if tp_records and (inputs or self._is_changelog_tp(tp)):
+            if tp_records and (inputs or is_changelog(self, tp)):
                 dropped[tp] = (tp_records[0].offset, tp_records[-1].offset)
 
     async def _rewind(self, dropped: Mapping[TP, tuple[int, int]]) -> None:
@@ -562,21 +484,13 @@ class BatchTransport(FaustTransport):
     Consumer = BatchConsumer
 
 
-def install(app: AppT, *, commit_offsets: OffsetCommitter | None = None, fetch: FetchOptions | None = None,
-            observe_commit: Callable[[float], None] | None = None,
-            prepare_assignment: AssignmentPreparer | None = None) -> Ingestion:
-    """Make ``app`` consume through a :class:`BatchConsumer` of its own (call before the worker starts).
-
-    With ``commit_offsets``, that function commits the offsets (in transactions), every commit holds
-    intake, and the consumer reads ``read_committed``. ``fetch`` sets how records are fetched;
-    ``observe_commit`` gets the seconds each commit took (hooks included); ``prepare_assignment``
-    runs on newly assigned partitions before their restore starts and before they are sought.
-    Returns the app's :class:`Ingestion`: register batch handlers and hooks on it.
+def install(app: AppT, commits: Commits, *, fetch: FetchOptions | None = None) -> Ingestion:
+    """Make ``app`` consume through a :class:`BatchConsumer` of its own that commits through ``commits``
+    (call before the worker starts). ``fetch`` sets how records are fetched (read_committed as
+    ``commits`` asks). Returns the app's :class:`Ingestion`: register batch handlers on it.
     """
     options = fetch or FetchOptions()
-    ingestion = Ingestion(
-        offset_committer=commit_offsets, commit_observer=observe_commit, assignment_preparer=prepare_assignment,
-        fetch=FetchOptions(options.min_bytes, options.max_wait_ms, commit_offsets is not None))
+    ingestion = Ingestion(commits, FetchOptions(options.min_bytes, options.max_wait_ms, commits.read_committed))
     consumer = type("BatchConsumer", (BatchConsumer,), {"ingestion": ingestion})
     transport = type("BatchTransport", (BatchTransport,), {"Consumer": consumer})
     app.transport = transport(app.conf.broker_consumer, app)

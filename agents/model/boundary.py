@@ -1,7 +1,7 @@
 """The model boundary: re-batch feature vectors and run the model on its own thread.
 
 Producers ``await boundary.submit(features, item)``. One dispatch loop releases batches as the
-:class:`~agents.batcher.Batcher` decides (size, age, deadline; adaptive size target), runs each on a
+:class:`~agents.model.batcher.Batcher` decides (size, age, deadline; adaptive size target), runs each on a
 single dedicated inference thread (ONNX Runtime releases the GIL, so the event loop keeps
 consuming), and hands each result to ``deliver`` in dispatch order. While one batch runs, the next
 one fills; at most ``max_inflight_batches`` are dispatched and not yet delivered. When
@@ -27,7 +27,7 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from agents.batcher import Batcher, Pending
+from agents.model.batcher import Batcher, Pending
 
 __all__ = ["BatchObserver", "BatchResult", "BoundaryStats", "ModelBoundary"]
 

@@ -1,7 +1,7 @@
 """Model deployments as data: what a worker should serve, how a command changes it, which key gets which model.
 
-Pure (no Kafka, no ONNX Runtime): :mod:`agents.control` reads and writes these records on the compacted
-control topic, :mod:`agents.models` loads and serves what they name.
+Pure (no Kafka, no ONNX Runtime): :mod:`agents.model.control` reads and writes these records on the compacted
+control topic, :mod:`agents.model.models` loads and serves what they name.
 
 A :class:`Deployment` names a **primary** model, optionally a **canary** with the share of keys it
 scores, and optionally a **shadow** that scores the same rows off the critical path. Each entry is a
