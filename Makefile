@@ -24,14 +24,14 @@ $(VENV)/.installed: pyproject.toml
 kafka-jars:  ## Fetch Apache Kafka's jars and command-line tools from Maven Central (once) into .cache/kafka.
 	@$(PYTHON) scripts/kafka_local.py fetch
 
-kafka-up: kafka-jars  ## Start a local single-node broker on 127.0.0.1:$KAFKA_PORT (idempotent).
-	@$(PYTHON) scripts/kafka_local.py up
+kafka-up: kafka-jars  ## Start a local single-node broker on 127.0.0.1:$KAFKA_PORT (idempotent); SECURE=1 USERS="name=password ...": SASL_SSL with ACLs.
+	@$(PYTHON) scripts/kafka_local.py up $(if $(SECURE),--secure $(foreach user,$(USERS),--user $(user)))
 
 kafka-down:  ## Stop the local broker started by kafka-up.
 	@$(PYTHON) scripts/kafka_local.py down
 
-kafka-status:  ## Say whether the local broker runs.
-	@$(PYTHON) scripts/kafka_local.py status
+kafka-status:  ## Say whether the local broker runs (SECURE=1: the secured one).
+	@$(PYTHON) scripts/kafka_local.py status $(if $(SECURE),--secure)
 
 kafka-tool: kafka-jars  ## Kafka's own tools: make kafka-tool ARGS="kafka-consumer-groups --describe --group seam"
 	@$(PYTHON) scripts/kafka_local.py tool $(ARGS)

@@ -32,6 +32,7 @@ from app.loadgen import produce
 from app.settings import Settings
 from app.synthetic import generator_for
 from app.topics import ensure_topics
+from tables.kafka import REFUSALS, Refused, check, refused
 from tables.spec import SpecError, load_spec
 from tables.spec import describe as describe_spec
 
@@ -81,7 +82,7 @@ def register(app: faust.App, settings: Settings) -> None:
         with Progress(*columns) as progress:
             task = progress.add_task("produce", total=int(rate * duration))
             report = await produce(
-                settings.broker_bootstrap, target, rate=rate, duration_s=duration, generator=generator,
+                settings.kafka, target, rate=rate, duration_s=duration, generator=generator,
                 key_field=spec.key, partitions=settings.topic_partitions, encode=encode,
                 on_progress=lambda done, _total: progress.update(task, completed=done))
         self.say(f"sent {report.sent} {spec.name} records ({report.positive} labelled positive) to {target!r} "
@@ -141,8 +142,12 @@ def register(app: faust.App, settings: Settings) -> None:
         """
         from agents.model.runtime import ModelFileError, ModelFiles  # ONNX Runtime: only for the commands that need it
 
-        bootstrap, topic = settings.broker_bootstrap, settings.model_control_topic
-        await ensure_topics(bootstrap, [], 1, settings.topic_replication_factor, compacted=[topic])
+        bootstrap, topic = settings.kafka, settings.model_control_topic
+        try:
+            await check(bootstrap)
+            await ensure_topics(bootstrap, [], 1, settings.topic_replication_factor, compacted=[topic])
+        except (Refused, ConnectionError) as exc:
+            raise SystemExit(f"seam model {action}: {exc}") from None
 
         def served_without_a_record() -> Deployment:
             return initial(ModelRef.of(settings.model_path))
@@ -156,8 +161,11 @@ def register(app: faust.App, settings: Settings) -> None:
             files = ModelFiles.under(settings.model_root, settings.model_path, max_bytes=settings.max_model_mb << 20)
             transition = _transition(action, path, canary, shadow, files)
             updated = await control.change(bootstrap, topic, served_without_a_record, transition)
-        except (DeploymentError, ModelFileError) as exc:
+        except (DeploymentError, ModelFileError, Refused) as exc:
             raise SystemExit(f"seam model {action}: {exc}") from None
+        except REFUSALS as exc:  # the broker's answer to a write or read its ACLs do not allow
+            refusal = refused(exc, bootstrap, f"the control topic {topic!r}")
+            raise SystemExit(f"seam model {action}: {refusal}") from None
         self.say(describe(updated, source=f"written to {topic}"))
 
     @app.command(
@@ -184,11 +192,32 @@ def register(app: faust.App, settings: Settings) -> None:
         if from_offset is not None or to_offset is not None:
             offsets = (from_offset or 0, to_offset if to_offset is not None else (1 << 63) - 2)
         try:
-            report = await replay(settings.broker_bootstrap, settings.dlq_topic, settings.input_topic,
+            report = await replay(settings.kafka, settings.dlq_topic, settings.input_topic,
                                   settings.app_id, reasons, offsets=offsets, again=again, dry_run=dry_run)
-        except LookupError as exc:
+        except (LookupError, Refused) as exc:
             raise SystemExit(f"seam dlq {action}: {exc}") from None
+        except REFUSALS as exc:
+            raise SystemExit(f"seam dlq {action}: {refused(exc, settings.kafka, 'the replay')}") from None
         self.say(report.line(settings.dlq_topic, settings.input_topic, dry_run))
+
+    @app.command(
+        option("--worker", default="User:seam", show_default=True, help="The workers' principal."),
+        option("--operator", default="User:operator", show_default=True,
+               help="The principal that deploys models and replays dead letters."),
+        option("--command-config", default="admin.properties", show_default=True,
+               help="The client configuration of a principal allowed to alter ACLs."),
+        name="acls",
+    )
+    async def acls_command(self: AppCommand, worker: str, operator: str, command_config: str) -> None:
+        """Print the kafka-acls commands that grant seam's workers and operator what they need, and no more.
+
+        \b
+        seam acls --worker User:seam --operator User:operator | sh
+        """
+        from app.acls import commands
+
+        for line in commands(settings, worker=worker, operator=operator, command_config=command_config):
+            self.say(line)
 
     @app.command(
         argument("action", type=click.Choice(("check",))),

@@ -17,7 +17,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from app.topics import ensure_topics
-from tables.kafka import append, partition_of
+from tables.kafka import Connection, append, client_options, partition_of
 
 __all__ = ["ProduceReport", "produce"]
 
@@ -41,7 +41,7 @@ class ProduceReport:
 
 
 async def produce(
-    bootstrap: str,
+    bootstrap: str | Connection,
     topic: str,
     *,
     rate: float,
@@ -64,7 +64,7 @@ async def produce(
     if rate <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be positive")
     await ensure_topics(bootstrap, [topic], partitions)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+    producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", linger_ms=5,
                                 max_batch_size=256 * 1024)
     await producer.start()
     total = int(rate * duration_s)

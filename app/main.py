@@ -8,18 +8,22 @@ settings from the ``SEAM_*`` variables first.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import sys
 from typing import Any
 
 import faust
+from faust.types.auth import CredentialsT
 
 from app.settings import Settings, SettingsError
 from app.topics import declare_topics
+from tables.kafka import Connection, Refused
 from tables.spec import FeatureSpec, SpecError, load_spec
 
 __all__ = ["SeamApp", "create_app", "main"]
 
+logger = logging.getLogger(__name__)
 _HELP = {"--help", "-h"}
 
 
@@ -38,7 +42,20 @@ class SeamApp(faust.App):
     async def on_first_start(self) -> None:
         await super().on_first_start()
         changelogs = [table.changelog_topic_name for table in self.tables.values()]
-        await asyncio.to_thread(declare_topics, self.seam_settings, changelogs)
+        try:
+            await asyncio.to_thread(declare_topics, self.seam_settings, changelogs)
+        except (SettingsError, Refused) as exc:  # the cluster's answer, in one line: what to fix
+            logger.error("seam: %s", exc)
+            raise SystemExit(f"seam: {exc}") from None
+
+
+def broker_credentials(connection: Connection) -> CredentialsT | None:
+    """Faust's credentials for ``connection`` (None on a plaintext cluster)."""
+    if connection.sasl:
+        return faust.SASLCredentials(username=connection.username, password=connection.password,
+                                     ssl_context=connection.ssl_context(), mechanism=connection.sasl_mechanism)
+    context = connection.ssl_context()
+    return None if context is None else faust.SSLCredentials(context)
 
 
 def create_app(settings: Settings, spec: FeatureSpec | None = None) -> faust.App:
@@ -60,6 +77,7 @@ def create_app(settings: Settings, spec: FeatureSpec | None = None) -> faust.App
         Worker=SeamWorker,
         logging_config=logging_config(settings.log_format, f"http://{web_host}:{settings.web_port}"),
         broker=settings.broker_url,
+        broker_credentials=broker_credentials(settings.kafka),
         store="rocksdb://",
         datadir=str(settings.data_dir),
         web_port=settings.web_port,

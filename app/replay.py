@@ -27,7 +27,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents.formats.codec import Original, original_of
-from tables.kafka import assign_all
+from tables.kafka import Connection, assign_all, client_options
 
 __all__ = ["REPLAYED_FROM", "ReplayReport", "replay"]
 
@@ -57,14 +57,14 @@ def ledger_group(app_id: str, reason: str) -> str:
     return f"{app_id}-dlq-replay-{reason}"
 
 
-async def replay(bootstrap: str, dlq_topic: str, input_topic: str, app_id: str, reasons: Sequence[str], *,
+async def replay(bootstrap: str | Connection, dlq_topic: str, input_topic: str, app_id: str, reasons: Sequence[str], *,
                  offsets: tuple[int, int] | None = None, again: bool = False, dry_run: bool = False) -> ReplayReport:
     """Send the dead letters of ``reasons`` back to ``input_topic`` (see the module); ``offsets``: only the
     letters at dead-letter offsets ``first..last`` (inclusive), whatever earlier runs sent."""
-    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    ledgers = {reason: AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=ledger_group(app_id, reason),
+    reader = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False)
+    ledgers = {reason: AIOKafkaConsumer(**client_options(bootstrap), group_id=ledger_group(app_id, reason),
                                         enable_auto_commit=False) for reason in reasons}
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", enable_idempotence=True)
     report = ReplayReport()
     await reader.start()
     try:

@@ -33,6 +33,7 @@ from prometheus_client import Histogram
 from agents.commit.checkpoint import Checkpoint
 from agents.commit.guarantee import guarantee_for
 from agents.delivery.outputs import OutputProducer
+from agents.formats.avro import SchemaRegistry
 from agents.formats.codec import Contract
 from agents.formats.record_format import RecordFormat, avro_format, json_format
 from agents.ingest import consumer as ingest
@@ -143,7 +144,7 @@ class ScoringService(Service):
         # Chosen once: what differs between at least once and exactly once (producers, state writes,
         # fencing, revocation, stop).
         self.guarantee = guarantee_for(
-            settings.processing_guarantee, bootstrap=settings.broker_bootstrap, group_id=app.conf.id,
+            settings.processing_guarantee, bootstrap=settings.kafka, group_id=app.conf.id,
             input_topic=settings.input_topic, feature_log_topic=settings.feature_log_topic or None,
             write_interval_s=settings.state_write_interval_s,
             current_epoch=lambda: cast(ingest.BatchConsumer, app.consumer).epoch)
@@ -182,8 +183,11 @@ class ScoringService(Service):
                         "shadow-score": f"{settings.shadow_topic}-value"}
             if settings.feature_log_topic:
                 subjects["features"] = f"{settings.feature_log_topic}-value"
+            registry = SchemaRegistry(settings.schema_registry_url, username=settings.schema_registry_username,
+                                      password=settings.schema_registry_password,
+                                      ca_file=settings.schema_registry_ca_file)
             self.format = await avro_format(
-                settings.schema_registry_url, subjects=subjects, contract=self.contract,
+                registry, subjects=subjects, contract=self.contract,
                 timeout_s=settings.schema_registry_timeout_s, max_record_bytes=settings.max_record_bytes,
                 on_lookup=lambda result: self.metrics.schema_lookups.labels(result).inc())
         outputs = Outputs(settings.predictions_topic, settings.dlq_topic, settings.late_topic, send,
@@ -207,7 +211,7 @@ class ScoringService(Service):
             record_format=self.format, max_future_ms=int(settings.max_future_s * 1000),
             max_past_ms=int(settings.max_past_s * 1000))
         # The control topic's deployment first: a worker that starts later serves what the others serve.
-        self.control = ControlFollower(settings.broker_bootstrap, settings.model_control_topic)
+        self.control = ControlFollower(settings.kafka, settings.model_control_topic)
         await self.control.start()
         try:
             default: Deployment | None = initial(await asyncio.to_thread(ModelRef.of, settings.model_path))
@@ -344,7 +348,7 @@ class ScoringService(Service):
         if producer is None:
             async with self._shadow_starting:
                 if self.shadow_producer is None:
-                    started = OutputProducer(self.settings.broker_bootstrap)
+                    started = OutputProducer(self.settings.kafka)
                     await started.start()
                     self.shadow_producer = started
             producer = self.shadow_producer

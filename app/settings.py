@@ -11,12 +11,18 @@ from typing import Any
 
 from models import EXAMPLE_MODEL
 from specs import EXAMPLE_SPEC
+from tables.kafka import PROTOCOLS, SASL_MECHANISMS, Connection
 
-__all__ = ["MOVED", "Settings", "SettingsError"]
+__all__ = ["MOVED", "SECRETS", "Settings", "SettingsError"]
 
 # Settings that left the environment, and where they are now.
 MOVED = {"SEAM_ALLOWED_LATENESS_S": "allowed_lateness in the feature spec (SEAM_FEATURE_SPEC, specs/fraud.toml by "
                                     "default)"}
+
+
+# Settings that are secrets: each can also be read from a file, SEAM_<NAME>_FILE (as Docker and Kubernetes
+# mount secrets), and none appears in the settings' repr, a log line or an error message.
+SECRETS = ("sasl_password", "ssl_key_password", "schema_registry_password")
 
 
 class SettingsError(ValueError):
@@ -49,6 +55,18 @@ class Settings:
     model_control_topic: str = "model-deployments"
     # The shadow model's scores (id, card, model, score), when a deployment has a shadow.
     shadow_topic: str = "predictions-shadow"
+    # A secured cluster: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, for every Kafka client seam makes.
+    security_protocol: str = "PLAINTEXT"
+    # SASL_*: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, with this user and password (or SEAM_SASL_PASSWORD_FILE).
+    sasl_mechanism: str = ""
+    sasl_username: str = ""
+    sasl_password: str = field(default="", repr=False)
+    # SSL, SASL_SSL: the CA that signed the brokers' certificates (empty: the system's); for mutual TLS,
+    # the client's certificate and key (and the key's password, or SEAM_SSL_KEY_PASSWORD_FILE).
+    ssl_ca_file: str = ""
+    ssl_cert_file: str = ""
+    ssl_key_file: str = ""
+    ssl_key_password: str = field(default="", repr=False)
     topic_partitions: int = 8
     topic_replication_factor: int = 1
     max_poll_records: int = 2000
@@ -123,6 +141,10 @@ class Settings:
     # The longest a batch waits for the registry to return a schema it has not cached; records of a schema it
     # could not get go to the dead-letter topic (registry_unavailable), and the id is asked for again 5 s later.
     schema_registry_timeout_s: float = 5.0
+    # The registry's basic auth (the password, or SEAM_SCHEMA_REGISTRY_PASSWORD_FILE) and the CA of its certificate.
+    schema_registry_username: str = ""
+    schema_registry_password: str = field(default="", repr=False)
+    schema_registry_ca_file: str = ""
     # Scaling: warm copies of each table partition kept on other workers (Faust's standby replicas),
     # so a worker taking over a partition reads only the changelog's tail instead of all of it.
     standby_replicas: int = 0
@@ -190,6 +212,29 @@ class Settings:
             raise SettingsError(f"SEAM_SCHEMA_REGISTRY_TIMEOUT_S must be > 0, got {self.schema_registry_timeout_s}")
         if self.standby_replicas < 0:
             raise SettingsError(f"SEAM_STANDBY_REPLICAS must be >= 0, got {self.standby_replicas}")
+        if self.security_protocol not in PROTOCOLS:
+            raise SettingsError(f"SEAM_SECURITY_PROTOCOL must be one of {', '.join(PROTOCOLS)}, "
+                                f"got {self.security_protocol!r}")
+        if self.security_protocol.startswith("SASL_"):
+            if self.sasl_mechanism not in SASL_MECHANISMS:
+                raise SettingsError(f"SEAM_SECURITY_PROTOCOL={self.security_protocol} needs SEAM_SASL_MECHANISM, one "
+                                    f"of {', '.join(SASL_MECHANISMS)}; got {self.sasl_mechanism!r}")
+            if not self.sasl_username or not self.sasl_password:
+                raise SettingsError(f"SEAM_SECURITY_PROTOCOL={self.security_protocol} needs SEAM_SASL_USERNAME and "
+                                    "SEAM_SASL_PASSWORD (or SEAM_SASL_PASSWORD_FILE)")
+        elif self.sasl_mechanism or self.sasl_username or self.sasl_password:
+            raise SettingsError(f"SEAM_SASL_* are set but SEAM_SECURITY_PROTOCOL={self.security_protocol} uses no "
+                                "SASL (SASL_PLAINTEXT or SASL_SSL does)")
+        if bool(self.ssl_cert_file) != bool(self.ssl_key_file):
+            raise SettingsError("mutual TLS needs both SEAM_SSL_CERT_FILE and SEAM_SSL_KEY_FILE")
+        files = {"SEAM_SSL_CA_FILE": self.ssl_ca_file, "SEAM_SSL_CERT_FILE": self.ssl_cert_file,
+                 "SEAM_SSL_KEY_FILE": self.ssl_key_file, "SEAM_SCHEMA_REGISTRY_CA_FILE": self.schema_registry_ca_file}
+        for name, path in files.items():
+            if path and not Path(path).is_file():
+                raise SettingsError(f"{name}: no such file {path!r}")
+        if bool(self.schema_registry_username) != bool(self.schema_registry_password):
+            raise SettingsError("the registry's basic auth needs both SEAM_SCHEMA_REGISTRY_USERNAME and "
+                                "SEAM_SCHEMA_REGISTRY_PASSWORD (or SEAM_SCHEMA_REGISTRY_PASSWORD_FILE)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -199,13 +244,22 @@ class Settings:
             "int": int, "float": float, "str": str, "Path": Path, "bool": _bool,
         }
         known = {f"SEAM_{f.name.upper()}": f for f in fields(cls)}
-        unknown = sorted(k for k in env if k.startswith("SEAM_") and k not in known)
+        secret_files = {f"SEAM_{name.upper()}_FILE": name for name in SECRETS}
+        unknown = sorted(k for k in env if k.startswith("SEAM_") and k not in known and k not in secret_files)
         moved = [f"{name} is now {MOVED[name]}" for name in unknown if name in MOVED]
         if moved:
             raise SettingsError("; ".join(moved))
         if unknown:
-            raise SettingsError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+            raise SettingsError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join([*known, *secret_files])}")
         values: dict[str, Any] = {}
+        for name, secret in secret_files.items():
+            if name in env:
+                if f"SEAM_{secret.upper()}" in env:
+                    raise SettingsError(f"set SEAM_{secret.upper()} or {name}, not both")
+                try:
+                    values[secret] = Path(env[name]).read_text().rstrip("\r\n")
+                except OSError as exc:
+                    raise SettingsError(f"{name}: cannot read {env[name]!r} ({exc.strerror})") from None
         for name, f in known.items():
             if name in env:
                 try:
@@ -218,6 +272,13 @@ class Settings:
     def model_root(self) -> Path:
         """The folder deployments name model files in (SEAM_MODEL_DIR, else SEAM_MODEL_PATH's)."""
         return Path(self.model_dir) if self.model_dir else self.model_path.parent
+
+    @property
+    def kafka(self) -> Connection:
+        """How every Kafka client of this worker connects: the brokers, and TLS and SASL as configured."""
+        return Connection(self.broker_bootstrap, self.security_protocol, self.sasl_mechanism, self.sasl_username,
+                          self.sasl_password, self.ssl_ca_file, self.ssl_cert_file, self.ssl_key_file,
+                          self.ssl_key_password)
 
     @property
     def broker_bootstrap(self) -> str:

@@ -11,16 +11,17 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError, TopicAuthorizationFailedError
 
-from app.settings import Settings
+from app.settings import Settings, SettingsError
+from tables.kafka import Connection, Refused, check, client_options, refused
 
 __all__ = ["declare_topics", "delete_topics", "ensure_topics"]
 
 
 async def ensure_topics(
-    bootstrap: str, topics: Sequence[str], partitions: int, replication: int = 1, *, compacted: Sequence[str] = (),
-    log_append_time: Sequence[str] = (),
+    bootstrap: str | Connection, topics: Sequence[str], partitions: int, replication: int = 1, *,
+    compacted: Sequence[str] = (), log_append_time: Sequence[str] = (),
 ) -> None:
     """Create the topics that do not exist yet: ``compacted`` ones with cleanup.policy=compact,
     ``log_append_time`` ones with their timestamps set by the broker (latency measurements).
@@ -30,7 +31,7 @@ async def ensure_topics(
     configs: dict[str, dict[str, str]] = {name: {} for name in topics}
     configs |= {name: {"cleanup.policy": "compact"} for name in compacted}
     configs |= {name: {"message.timestamp.type": "LogAppendTime"} for name in log_append_time}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**client_options(bootstrap))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -39,6 +40,8 @@ async def ensure_topics(
         if missing:
             response = await admin.create_topics(missing)
             for name, code, *rest in response.topic_errors:
+                if code == TopicAuthorizationFailedError.errno:
+                    raise refused(TopicAuthorizationFailedError(), bootstrap, f"creating topic {name!r}")
                 # Another worker may have created it between the listing and the request.
                 if code not in (0, TopicAlreadyExistsError.errno):
                     message = rest[0] if rest else ""
@@ -53,10 +56,19 @@ def declare_topics(settings: Settings, changelogs: list[str], timeout_s: float =
              settings.shadow_topic, *([settings.feature_log_topic] if settings.feature_log_topic else [])]
 
     async def create() -> None:
-        await ensure_topics(settings.broker_bootstrap, names, settings.topic_partitions,
+        connection = settings.kafka
+        try:
+            await check(connection)
+        except Refused as exc:
+            raise SettingsError(f"{exc}; check SEAM_SASL_USERNAME, SEAM_SASL_PASSWORD (or SEAM_SASL_PASSWORD_FILE) "
+                                "and SEAM_SASL_MECHANISM") from None
+        except ConnectionError as exc:
+            raise SettingsError(f"{exc}; check SEAM_BROKER_URL and SEAM_SECURITY_PROTOCOL (and, with TLS, "
+                                "SEAM_SSL_CA_FILE)") from None
+        await ensure_topics(connection, names, settings.topic_partitions,
                             settings.topic_replication_factor, compacted=changelogs)
         # One partition: one record (the deployment), read in full by every worker and command.
-        await ensure_topics(settings.broker_bootstrap, [], 1, settings.topic_replication_factor,
+        await ensure_topics(settings.kafka, [], 1, settings.topic_replication_factor,
                             compacted=[settings.model_control_topic])
 
     # Its own thread and loop: Faust's loop is not running yet and must not be replaced.
@@ -64,9 +76,9 @@ def declare_topics(settings: Settings, changelogs: list[str], timeout_s: float =
         pool.submit(asyncio.run, create()).result(timeout=timeout_s)
 
 
-async def delete_topics(bootstrap: str, containing: str) -> list[str]:
+async def delete_topics(bootstrap: str | Connection, containing: str) -> list[str]:
     """Delete every topic whose name contains ``containing`` (a run's own id); return their names."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**client_options(bootstrap))
     await admin.start()
     try:
         names = sorted(t for t in await admin.list_topics() if containing in t)

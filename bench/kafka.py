@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
 
 from app.topics import delete_topics
-from tables.kafka import assign_all
+from tables.kafka import Connection, assign_all, client_options
 
 __all__ = [
     "PARTITIONS", "OutputRecord", "delete_topics", "drop_backlog", "end_offsets", "output_span", "produce_inputs",
@@ -31,9 +31,9 @@ Offsets = dict[int, int]
 OutputRecord = tuple[int, bytes]  # (timestamp ms, value)
 
 
-async def produce_inputs(bootstrap: str, topic: str, values: Sequence[tuple[bytes, bytes]]) -> None:
+async def produce_inputs(bootstrap: str | Connection, topic: str, values: Sequence[tuple[bytes, bytes]]) -> None:
     """Send keyed records in order with the default partitioner; wait for every ack."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=10, max_batch_size=512 * 1024)
+    producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", linger_ms=10, max_batch_size=512 * 1024)
     await producer.start()
     try:
         pending = []
@@ -47,9 +47,9 @@ async def produce_inputs(bootstrap: str, topic: str, values: Sequence[tuple[byte
         await producer.stop()
 
 
-async def output_span(bootstrap: str, topic: str, expected: int, timeout_s: float) -> tuple[int, float]:
+async def output_span(bootstrap: str | Connection, topic: str, expected: int, timeout_s: float) -> tuple[int, float]:
     """Read ``topic`` until ``expected`` records; return (count, seconds from first to last timestamp)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=64 << 20)
+    consumer = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False, fetch_max_bytes=64 << 20)
     await consumer.start()
     count, first, last = 0, None, 0
     try:
@@ -66,11 +66,11 @@ async def output_span(bootstrap: str, topic: str, expected: int, timeout_s: floa
     return count, max(1e-3, (last - (first or last)) / 1000)
 
 
-async def raw_passthrough(bootstrap: str, source: str, sink: str, expected: int) -> None:
+async def raw_passthrough(bootstrap: str | Connection, source: str, sink: str, expected: int) -> None:
     """The ceiling: aiokafka only, with the same decode/produce/ack-after-delivery work as the pipelines."""
-    consumer = AIOKafkaConsumer(source, bootstrap_servers=bootstrap, group_id=f"raw-{uuid.uuid4().hex[:6]}",
+    consumer = AIOKafkaConsumer(source, **client_options(bootstrap), group_id=f"raw-{uuid.uuid4().hex[:6]}",
                                 enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=2000)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", linger_ms=5)
     await consumer.start()
     await producer.start()
     done = 0
@@ -90,9 +90,9 @@ async def raw_passthrough(bootstrap: str, source: str, sink: str, expected: int)
         await producer.stop()
 
 
-async def end_offsets(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> Offsets:
+async def end_offsets(bootstrap: str | Connection, topic: str, partitions: int = PARTITIONS) -> Offsets:
     """Each partition's end offset (where the next record goes)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
         ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
@@ -104,8 +104,8 @@ async def end_offsets(bootstrap: str, topic: str, partitions: int = PARTITIONS) 
 class OffsetWatch:
     """A long-lived client that answers "how many records are in this topic now" cheaply (progress)."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    def __init__(self, bootstrap: str | Connection, topic: str, partitions: int = PARTITIONS) -> None:
+        self._consumer = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False)
         self._partitions = [TopicPartition(topic, p) for p in range(partitions)]
 
     async def __aenter__(self) -> OffsetWatch:
@@ -123,12 +123,12 @@ class OffsetWatch:
         return sum((await self.offsets()).values())
 
 
-async def read_range(bootstrap: str, topic: str, start: Offsets, end: Offsets) -> list[OutputRecord]:
+async def read_range(bootstrap: str | Connection, topic: str, start: Offsets, end: Offsets) -> list[OutputRecord]:
     """Read each partition's records in ``[start, end)``; return (timestamp, value) pairs."""
     wanted = {p: (start.get(p, 0), e) for p, e in end.items() if e > start.get(p, 0)}
     if not wanted:
         return []
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=64 << 20,
+    consumer = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False, fetch_max_bytes=64 << 20,
                                 max_partition_fetch_bytes=16 << 20)
     await consumer.start()
     out: list[OutputRecord] = []
@@ -153,10 +153,10 @@ async def read_range(bootstrap: str, topic: str, start: Offsets, end: Offsets) -
     return out
 
 
-async def drop_backlog(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> Offsets:
+async def drop_backlog(bootstrap: str | Connection, topic: str, partitions: int = PARTITIONS) -> Offsets:
     """Delete every record now in ``topic`` (consumers behind jump to the new log start); return the ends."""
     ends = await end_offsets(bootstrap, topic, partitions)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**client_options(bootstrap))
     await admin.start()
     try:
         await admin.delete_records({TopicPartition(topic, p): RecordsToDelete(o) for p, o in ends.items()},

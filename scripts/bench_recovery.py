@@ -43,7 +43,7 @@ from rich.console import Console
 from app.localhost import Subprocess, free_port, worker_argv, worker_env
 from app.synthetic import TransactionGenerator
 from app.topics import ensure_topics
-from tables.kafka import assign_all
+from tables.kafka import assign_all, client_options
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTITIONS = 8
@@ -135,7 +135,7 @@ def transactions(generator: TransactionGenerator, count: int) -> Iterator[tuple[
 async def produce(bootstrap: str, topic: str, records: Iterator[tuple[bytes, bytes]],
                   rate: float | None = None, stop: threading.Event | None = None) -> int:
     """Send records (as fast as possible, or ``rate`` per second until ``stop``); wait for every ack."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=10, max_batch_size=512 * 1024)
+    producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", linger_ms=10, max_batch_size=512 * 1024)
     await producer.start()
     sent, pending, started = 0, [], time.monotonic()
     try:
@@ -157,7 +157,7 @@ async def produce(bootstrap: str, topic: str, records: Iterator[tuple[bytes, byt
 
 async def read_outputs(bootstrap: str, topic: str, expected: int, timeout_s: float) -> dict[int, list[int]]:
     """Broker timestamps (ms) of the records of ``topic``, per partition, once ``expected`` have been read."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=64 << 20)
+    consumer = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False, fetch_max_bytes=64 << 20)
     await consumer.start()
     stamps: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
     try:
@@ -185,7 +185,7 @@ class FirstAfter:
             raise RuntimeError("could not position the watch on the predictions topic")
 
     async def _watch(self, bootstrap: str, topic: str, partitions: list[int], timeout_s: float) -> None:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False)
         await consumer.start()
         try:
             tps = [tp for tp in await assign_all(consumer, bootstrap, [topic], from_end=True)
@@ -225,7 +225,7 @@ def log_times(log: Path, needle: str) -> list[float]:
 
 
 async def changelog_records(bootstrap: str, topic: str, partitions: list[int]) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
         tps = await assign_all(consumer, bootstrap, [topic], from_end=True)

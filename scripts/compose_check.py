@@ -15,7 +15,7 @@ from collections import Counter
 import orjson
 from aiokafka import AIOKafkaConsumer
 
-from tables.kafka import assign_all
+from tables.kafka import assign_all, client_options
 
 BOOTSTRAP = os.environ.get("CHECK_BOOTSTRAP", "kafka:9092")
 INPUT = os.environ.get("CHECK_INPUT", "transactions")
@@ -49,7 +49,7 @@ def event_id(kind: str, value: bytes) -> str:
 
 async def main() -> int:
     deadline = time.monotonic() + TIMEOUT_S
-    consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(BOOTSTRAP), enable_auto_commit=False)
     await consumer.start()
     try:
         inputs = [orjson.loads(v) for v in await read_to_end(consumer, INPUT, deadline)]

@@ -36,7 +36,7 @@ from app.synthetic import Synthetic, generator_for
 from app.topics import delete_topics
 from bench.promtext import Histogram, fetch, histograms, merged
 from specs import EXAMPLE_SPEC
-from tables.kafka import assign_all
+from tables.kafka import assign_all, client_options
 from tables.spec import FeatureSpec, SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,11 +115,11 @@ class Tally:
 
 async def consume(settings: Settings, tally: Tally, ready: asyncio.Event, stop: asyncio.Event) -> None:
     """Follow predictions, dead letters and late records from their current end."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.broker_bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         topics = [settings.predictions_topic, settings.dlq_topic, settings.late_topic]
-        await assign_all(consumer, settings.broker_bootstrap, topics, from_end=True)
+        await assign_all(consumer, settings.kafka, topics, from_end=True)
         ready.set()
         while not stop.is_set():
             for tp, records in (await consumer.getmany(timeout_ms=100)).items():
@@ -180,7 +180,7 @@ async def run(args: argparse.Namespace, settings: Settings, spec: FeatureSpec, w
     progress = {"sent": 0}
     with Live(tally.line(0, total), console=console, refresh_per_second=4) as live:
         producing = asyncio.create_task(produce(
-            settings.broker_bootstrap, settings.input_topic, rate=args.rate, duration_s=args.duration,
+            settings.kafka, settings.input_topic, rate=args.rate, duration_s=args.duration,
             generator=generator, key_field=spec.key, partitions=settings.topic_partitions,
             on_progress=lambda done, _total: progress.__setitem__("sent", done)))
         while not producing.done():

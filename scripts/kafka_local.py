@@ -7,6 +7,14 @@
     python scripts/kafka_local.py purge  # remove the data of every broker here that is not running
     python scripts/kafka_local.py serve --advertise kafka   # in the foreground, on every interface (a container)
     python scripts/kafka_local.py tool kafka-consumer-groups --describe --group seam   # Kafka's own tools
+    python scripts/kafka_local.py up --secure --user seam=secret --user operator=secret2   # SASL_SSL + ACLs
+
+Secured (``--secure``, or KAFKA_SECURE=1): one SASL_SSL listener (SCRAM-SHA-512) with a certificate signed
+by a CA made at the first start (the JDK's keytool), KRaft's StandardAuthorizer with ACLs and nothing
+allowed without one, and SCRAM users bootstrapped into the metadata log when the storage is formatted:
+``admin`` (a super user, for Kafka's tools: ``tool`` passes its client configuration) and every
+``--user NAME=PASSWORD``. Its folder's ``secure/`` holds ``ca.pem`` (the CA clients trust) and
+``admin.properties``.
 
 Settings (environment or flags): KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (port + 1000),
 KAFKA_HOME (.cache/kafka: jars in libs-<version>/; data and logs in run-<port>/ unless --run-dir).
@@ -19,9 +27,11 @@ import argparse
 import base64
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -43,6 +53,7 @@ TOOLS = {
     "kafka-get-offsets": "org.apache.kafka.tools.GetOffsetShell",
     "kafka-transactions": "org.apache.kafka.tools.TransactionsCommand",
     "kafka-configs": "kafka.admin.ConfigCommand",
+    "kafka-acls": "org.apache.kafka.tools.AclCommand",
 }
 TOOLS_LOG4J2 = """\
 status = warn
@@ -83,15 +94,11 @@ logger.state.name = state.change.logger
 logger.state.level = warn
 """
 
-SERVER_PROPERTIES = """\
+COMMON_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{controller_port}
-listeners=PLAINTEXT://{listen}:{port},CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://{advertise}:{port}
-inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs={data_dir}
 num.partitions=1
 auto.create.topics.enable=true
@@ -105,6 +112,42 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 log.retention.hours=24
 log.segment.bytes=104857600
+"""
+SERVER_PROPERTIES = COMMON_PROPERTIES + """\
+listeners=PLAINTEXT://{listen}:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://{advertise}:{port}
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+"""
+
+# A secured broker: SASL_SSL for clients and between brokers, the controller's listener on 127.0.0.1 only.
+SECURE_PROPERTIES = COMMON_PROPERTIES + """\
+listeners=SASL_SSL://{listen}:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=SASL_SSL://{advertise}:{port}
+inter.broker.listener.name=SASL_SSL
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule \
+required username="admin" password="{admin_password}";
+ssl.keystore.type=PKCS12
+ssl.keystore.location={secure_dir}/broker.p12
+ssl.keystore.password={store_password}
+ssl.key.password={store_password}
+ssl.truststore.type=PKCS12
+ssl.truststore.location={secure_dir}/truststore.p12
+ssl.truststore.password={store_password}
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:admin;User:ANONYMOUS
+"""
+ADMIN_PROPERTIES = """\
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" \
+password="{admin_password}";
+ssl.truststore.type=PEM
+ssl.truststore.location={secure_dir}/ca.pem
 """
 
 
@@ -183,6 +226,49 @@ def metadata_ok(port: int, timeout_s: float = 2.0) -> bool:
     return correlation_id == 7 and brokers >= 1
 
 
+def api_versions_ok(port: int, ca_file: Path, timeout_s: float = 2.0) -> bool:
+    """A TLS connection whose certificate ``ca_file`` vouches for, and an ApiVersions answer (allowed before SASL)."""
+    client_id = b"seam-ready"
+    body = struct.pack(">hhih", 18, 0, 7, len(client_id)) + client_id
+    try:
+        context = ssl.create_default_context(cafile=str(ca_file))
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as raw, \
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            sock.sendall(struct.pack(">i", len(body)) + body)
+            header = _recv_exact(sock, 4)
+            payload = _recv_exact(sock, struct.unpack(">i", header)[0])
+    except (OSError, ssl.SSLError):
+        return False
+    correlation_id, error_code = struct.unpack(">ih", payload[:6])
+    return correlation_id == 7 and error_code == 0
+
+
+def make_certificates(secure_dir: Path, store_password: str) -> None:
+    """A CA, and a broker certificate it signs for 127.0.0.1 and localhost (PKCS12 stores; the CA also as PEM)."""
+    keytool = require("keytool", "Install a Java 17+ runtime, which has keytool (apt install openjdk-17-jre-headless).")
+    secure_dir.mkdir(parents=True, exist_ok=True)
+    names = "SAN=dns:localhost,ip:127.0.0.1"
+
+    def run(*args: str) -> None:
+        done = subprocess.run([keytool, *args, "-storepass", store_password], capture_output=True, text=True,
+                              cwd=secure_dir)
+        if done.returncode != 0:
+            raise KafkaError(f"keytool {args[0]} failed:\n{done.stdout}{done.stderr}")
+
+    run("-genkeypair", "-alias", "ca", "-dname", "CN=seam local CA", "-keyalg", "RSA", "-keysize", "2048",
+        "-validity", "3650", "-ext", "bc:c", "-keystore", "ca.p12", "-storetype", "PKCS12")
+    run("-exportcert", "-alias", "ca", "-rfc", "-file", "ca.pem", "-keystore", "ca.p12")
+    run("-genkeypair", "-alias", "broker", "-dname", "CN=localhost", "-keyalg", "RSA", "-keysize", "2048",
+        "-validity", "3650", "-ext", names, "-keystore", "broker.p12", "-storetype", "PKCS12")
+    run("-certreq", "-alias", "broker", "-file", "broker.csr", "-keystore", "broker.p12")
+    run("-gencert", "-alias", "ca", "-infile", "broker.csr", "-outfile", "broker.pem", "-rfc", "-validity", "3650",
+        "-ext", names, "-keystore", "ca.p12")
+    run("-importcert", "-alias", "ca", "-file", "ca.pem", "-noprompt", "-keystore", "broker.p12")
+    run("-importcert", "-alias", "broker", "-file", "broker.pem", "-keystore", "broker.p12")
+    run("-importcert", "-alias", "ca", "-file", "ca.pem", "-noprompt", "-keystore", "truststore.p12",
+        "-storetype", "PKCS12")
+
+
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
     chunks = bytearray()
     while len(chunks) < size:
@@ -217,12 +303,33 @@ def running_pid(pid_file: Path) -> int | None:
 class Broker:
     """One broker instance: its ports and its folder (config, data, logs, PID file)."""
 
-    def __init__(self, port: int, controller_port: int, home: Path, run_dir: Path | None = None) -> None:
+    def __init__(self, port: int, controller_port: int, home: Path, run_dir: Path | None = None, *,
+                 secure: bool = False, users: dict[str, str] | None = None) -> None:
         self.port = port
         self.controller_port = controller_port
         self.home = home
         self.run_dir = run_dir or home / f"run-{port}"
         self.pid_file = self.run_dir / "kafka.pid"
+        self.secure = secure
+        self.users = dict(users or {})  # SCRAM users (secure): name -> password
+        self.secure_dir = self.run_dir / "secure"
+
+    def ready(self) -> bool:
+        if self.secure:
+            return api_versions_ok(self.port, self.secure_dir / "ca.pem")
+        return metadata_ok(self.port)
+
+    def _secrets(self) -> tuple[str, str]:
+        """The admin user's password and the key stores' (made once, kept in the broker's folder)."""
+        self.secure_dir.mkdir(parents=True, exist_ok=True)
+        values = []
+        for name in ("admin.password", "store.password"):
+            path = self.secure_dir / name
+            if not path.exists():
+                path.write_text(secrets.token_urlsafe(18))
+                path.chmod(0o600)
+            values.append(path.read_text())
+        return values[0], values[1]
 
     @property
     def bootstrap(self) -> str:
@@ -239,9 +346,25 @@ class Broker:
         log_dir = self.run_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         props = self.run_dir / "server.properties"
-        props.write_text(SERVER_PROPERTIES.format(
-            port=self.port, controller_port=self.controller_port, data_dir=data_dir, listen=listen,
-            advertise=advertise))
+        scram: list[str] = []
+        if self.secure:
+            admin_password, store_password = self._secrets()
+            if not (self.secure_dir / "broker.p12").exists():
+                make_certificates(self.secure_dir, store_password)
+            props.write_text(SECURE_PROPERTIES.format(
+                port=self.port, controller_port=self.controller_port, data_dir=data_dir, listen=listen,
+                advertise=advertise, admin_password=admin_password, store_password=store_password,
+                secure_dir=self.secure_dir))
+            props.chmod(0o600)
+            admin = self.secure_dir / "admin.properties"
+            admin.write_text(ADMIN_PROPERTIES.format(admin_password=admin_password, secure_dir=self.secure_dir))
+            admin.chmod(0o600)
+            for name, password in {"admin": admin_password, **self.users}.items():
+                scram += ["--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]"]
+        else:
+            props.write_text(SERVER_PROPERTIES.format(
+                port=self.port, controller_port=self.controller_port, data_dir=data_dir, listen=listen,
+                advertise=advertise))
         log_config = self.run_dir / "log4j2.properties"
         level = os.environ.get("KAFKA_LOG_LEVEL", "INFO")
         log_config.write_text(CONSOLE_LOG4J2.format(level=level) if console
@@ -255,7 +378,7 @@ class Broker:
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             fmt = subprocess.run(
                 [*jvm, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props),
-                 "--ignore-formatted"], capture_output=True, text=True)
+                 "--ignore-formatted", *scram], capture_output=True, text=True)
             if fmt.returncode != 0:
                 raise KafkaError("formatting storage failed:\n" + fmt.stdout + fmt.stderr)
         return jvm, props, log_dir
@@ -268,7 +391,7 @@ class Broker:
         os.execv(java, [*jvm, "kafka.Kafka", str(props)])
 
     def up(self, wait_s: float = 90.0) -> None:
-        if self.pid() is not None and metadata_ok(self.port):
+        if self.pid() is not None and self.ready():
             print(f"kafka_local: already running (pid {self.pid()}) on {self.bootstrap}")
             return
         java = require("java", "Install a Java 17+ runtime (Debian/Ubuntu: apt install openjdk-17-jre-headless).")
@@ -289,8 +412,9 @@ class Broker:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise KafkaError(f"broker exited with code {proc.returncode}; see {log_dir}/server.log")
-            if metadata_ok(self.port):
-                print(f"kafka_local: Apache Kafka {kafka_version()} ready on {self.bootstrap} (pid {proc.pid})")
+            if self.ready():
+                print(f"kafka_local: Apache Kafka {kafka_version()} ready on {self.bootstrap} (pid {proc.pid})"
+                      + (f", SASL_SSL (CA: {self.secure_dir / 'ca.pem'})" if self.secure else ""))
                 return
             time.sleep(0.25)
         self.down()
@@ -317,7 +441,7 @@ class Broker:
 
     def status(self) -> int:
         pid = self.pid()
-        ready = pid is not None and metadata_ok(self.port)
+        ready = pid is not None and self.ready()
         print(f"kafka_local: {'running' if ready else 'not running'} on {self.bootstrap}"
               + (f" (pid {pid})" if pid else ""))
         return 0 if ready else 1
@@ -357,8 +481,9 @@ def purge(home: Path) -> None:
         print(f"kafka_local: removed {run_dir}")
 
 
-def run_tool(home: Path, name: str, args: list[str], port: int) -> int:
-    """Run one of Kafka's command-line tools against the local broker (unless ``args`` name another)."""
+def run_tool(home: Path, name: str, args: list[str], port: int, command_config: Path | None = None) -> int:
+    """Run one of Kafka's command-line tools against the local broker (unless ``args`` name another); on a
+    secured one, as its admin user (``command_config``: the broker's ``secure/admin.properties``)."""
     if name not in TOOLS:
         raise KafkaError(f"unknown tool {name!r}; one of: {', '.join(sorted(TOOLS))}")
     java = require("java", "Install a Java 17+ runtime (Debian/Ubuntu: apt install openjdk-17-jre-headless).")
@@ -368,6 +493,8 @@ def run_tool(home: Path, name: str, args: list[str], port: int) -> int:
         log_config.write_text(TOOLS_LOG4J2)
     if not any(arg.startswith(("--bootstrap-server", "--bootstrap-controller")) for arg in args):
         args = [*args, "--bootstrap-server", f"127.0.0.1:{port}"]
+    if command_config is not None and command_config.exists() and "--command-config" not in args:
+        args = [*args, "--command-config", str(command_config)]
     cmd = [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
            f"-Dlog4j2.configurationFile={log_config}", "-cp", f"{libs}/*", TOOLS[name], *args]
     return subprocess.run(cmd).returncode
@@ -379,7 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(argv) < 2:
             raise KafkaError(f"usage: kafka_local.py tool NAME [ARGS...]; NAME one of: {', '.join(sorted(TOOLS))}")
         home = Path(os.environ.get("KAFKA_HOME", ROOT / ".cache" / "kafka")).resolve()
-        return run_tool(home, argv[1], argv[2:], int(os.environ.get("KAFKA_PORT", "9092")))
+        port = int(os.environ.get("KAFKA_PORT", "9092"))
+        run_dir = Path(os.environ["KAFKA_RUN_DIR"]) if os.environ.get("KAFKA_RUN_DIR") else home / f"run-{port}"
+        return run_tool(home, argv[1], argv[2:], port, run_dir / "secure" / "admin.properties")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "down", "status", "fetch", "purge", "serve"])
     parser.add_argument("--port", type=int, default=int(os.environ.get("KAFKA_PORT", "9092")))
@@ -389,10 +518,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve: the host name clients are told to connect to (a container's service name)")
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="config, data, logs and PID file (default: <home>/run-<port>)")
+    parser.add_argument("--secure", action="store_true", default=os.environ.get("KAFKA_SECURE", "") in ("1", "true"),
+                        help="SASL_SSL (SCRAM-SHA-512), certificates made here, ACLs required (see above)")
+    parser.add_argument("--user", action="append", default=[], metavar="NAME=PASSWORD",
+                        help="secure: a SCRAM user, created when the storage is first formatted (repeatable)")
     args = parser.parse_args(argv)
+    users = dict(user.split("=", 1) for user in args.user)
     controller_port = args.controller_port or args.port + 1000
     run_dir = args.run_dir.resolve() if args.run_dir else None
-    broker = Broker(args.port, controller_port, args.home.resolve(), run_dir)
+    broker = Broker(args.port, controller_port, args.home.resolve(), run_dir, secure=args.secure, users=users)
     if args.command == "purge":
         purge(broker.home)
         return 0

@@ -42,6 +42,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from app.localhost import Subprocess, free_port, worker_argv, worker_env
+from tables.kafka import client_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kafka_local  # noqa: E402
@@ -99,7 +100,7 @@ class Window:
 
 async def follow(bootstrap: str, topic: str, sent_ms: dict[str, int], windows: list[Window], started: float,
                  window_s: float, stop: asyncio.Event) -> None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
         await assign_all(consumer, bootstrap, [topic], from_end=False)
@@ -120,7 +121,7 @@ async def produce(bootstrap: str, topic: str, rate: float, duration_s: float, ca
                   sent_ms: dict[str, int], time_lapse: float) -> None:
     generator = TransactionGenerator(cards=cards, seed=7, id_prefix=f"soak{uuid.uuid4().hex[:6]}",
                                      start_ms=int(time.time() * 1000), late_rate=0.0)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2)
+    producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", linger_ms=2)
     await producer.start()
     try:
         started, sent = time.monotonic(), 0

@@ -34,7 +34,7 @@ from tables.faust_compat import (
     store_writes,
     uses_rocksdict,
 )
-from tables.kafka import append
+from tables.kafka import Connection, append, client_options
 
 __all__ = ["ChangelogProducer", "ChangelogWriter", "SendMany", "Write", "encode", "persist_offsets", "send_many",
            "store"]
@@ -157,8 +157,8 @@ class ChangelogProducer:
     connection, so on a shared producer every prediction would wait behind a flush's burst.
     """
 
-    def __init__(self, bootstrap: str, *, linger_ms: int = 5, max_batch_size: int = 1024 * 1024) -> None:
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+    def __init__(self, bootstrap: str | Connection, *, linger_ms: int = 5, max_batch_size: int = 1024 * 1024) -> None:
+        self._producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", enable_idempotence=True,
                                           linger_ms=linger_ms, max_batch_size=max_batch_size)
 
     async def start(self) -> None:

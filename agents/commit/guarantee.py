@@ -43,6 +43,7 @@ from agents.ingest.restore import release_restores
 from agents.pipeline import Send
 from tables.cache import StateCache
 from tables.changelog import ChangelogProducer, ChangelogWriter
+from tables.kafka import Connection
 
 __all__ = ["AtLeastOnce", "ExactlyOnce", "TableWrite", "guarantee_for"]
 
@@ -79,7 +80,7 @@ class AtLeastOnce:
     commits_on_acks = True  # acknowledgements piling up start a commit (in the background)
     read_committed = False
 
-    def __init__(self, *, bootstrap: str, input_topic: str, feature_log_topic: str | None = None,
+    def __init__(self, *, bootstrap: str | Connection, input_topic: str, feature_log_topic: str | None = None,
                  write_interval_s: float = 0.25, changelog: ChangelogWriter | None = None) -> None:
         """``changelog``: the writer of the state's changelog records (default: on a producer of its own)."""
         self._bootstrap = bootstrap
@@ -213,7 +214,8 @@ class ExactlyOnce:
     commits_on_acks = False  # by the interval only: outputs are visible when a commit is done, not sooner
     read_committed = True
 
-    def __init__(self, *, bootstrap: str, group_id: str, input_topic: str, current_epoch: Callable[[], int]) -> None:
+    def __init__(self, *, bootstrap: str | Connection, group_id: str, input_topic: str,
+                 current_epoch: Callable[[], int]) -> None:
         self.transactions = PartitionTransactions(bootstrap=bootstrap, group_id=group_id, input_topic=input_topic,
                                                  current_epoch=current_epoch)
         self._input_topic = input_topic
@@ -296,7 +298,7 @@ class ExactlyOnce:
             await asyncio.wait([watch])
 
 
-def guarantee_for(processing_guarantee: str, *, bootstrap: str, group_id: str, input_topic: str,
+def guarantee_for(processing_guarantee: str, *, bootstrap: str | Connection, group_id: str, input_topic: str,
                   feature_log_topic: str | None, write_interval_s: float,
                   current_epoch: Callable[[], int]) -> AtLeastOnce | ExactlyOnce:
     """The guarantee ``SEAM_PROCESSING_GUARANTEE`` names (``at_least_once`` or ``exactly_once``)."""

@@ -46,6 +46,7 @@ from agents.delivery.outputs import OutputProducer
 from agents.ingest.consumer import table_partition
 from agents.ingest.records import RecordBatch
 from tables.changelog import Write, encode, persist_offsets, send_many, store
+from tables.kafka import Connection, client_options
 
 __all__ = ["PartitionTransactions"]
 
@@ -66,7 +67,7 @@ class PartitionTransactions:
     def __init__(
         self,
         *,
-        bootstrap: str,
+        bootstrap: str | Connection,
         group_id: str,
         input_topic: str,
         current_epoch: Callable[[], int],
@@ -128,7 +129,7 @@ class PartitionTransactions:
 
     async def _start(self, partition: int) -> _Transaction:
         producer = AIOKafkaProducer(
-            bootstrap_servers=self._bootstrap, transactional_id=self.transactional_id(partition),
+            **client_options(self._bootstrap), transactional_id=self.transactional_id(partition),
             enable_idempotence=True, acks="all", **self._producer_options)
         await producer.start()
         state = self._partitions[partition] = _Transaction(producer, OutputProducer(producer=producer))

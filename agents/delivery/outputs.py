@@ -23,7 +23,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from tables.kafka import append, partition_of
+from tables.kafka import Connection, append, client_options, partition_of
 
 __all__ = ["OutputProducer"]
 
@@ -61,13 +61,15 @@ class OutputProducer:
 
     MAX_CACHED_KEYS = 200_000
 
-    def __init__(self, bootstrap: str | None = None, *, producer: AIOKafkaProducer | None = None,
+    def __init__(self, bootstrap: str | Connection | None = None, *, producer: AIOKafkaProducer | None = None,
                  max_batch_size: int = 256 * 1024, linger_ms: int = 0) -> None:
         """A producer of its own on ``bootstrap``, or batches on ``producer`` (a transactional one, whose
         owner starts, stops and commits it)."""
         self._owned = producer is None
         if producer is None:
-            producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+            if bootstrap is None:
+                raise ValueError("an output producer needs a cluster to connect to, or a producer to batch on")
+            producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", enable_idempotence=True,
                                         max_batch_size=max_batch_size, linger_ms=linger_ms)
         self._producer = producer
         self._partitions: dict[str, _PartitionCache] = {}

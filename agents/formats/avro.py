@@ -25,6 +25,7 @@ import functools
 import io
 import json
 import logging
+import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -131,13 +132,21 @@ async def _read_at_most(response: aiohttp.ClientResponse, limit: int, what: str)
 class SchemaRegistry:
     """A Confluent-compatible schema registry at ``url`` (Apicurio's ``.../apis/ccompat/v6``, Confluent's root)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, username: str = "", password: str = "", ca_file: str = "") -> None:
+        """``username`` and ``password``: the registry's basic auth; ``ca_file``: the CA of its certificate."""
         self.url = url.rstrip("/")
+        self._auth = aiohttp.BasicAuth(username, password) if username else None
+        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:  # never the password
+        return f"<SchemaRegistry {self.url}{' as ' + self._auth.login if self._auth else ''}>"
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(headers={"Accept": CONTENT_TYPE})
+            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+            self._session = aiohttp.ClientSession(headers={"Accept": CONTENT_TYPE}, auth=self._auth,
+                                                  connector=connector)
         return self._session
 
     async def close(self) -> None:

@@ -57,12 +57,11 @@ def json_format(contract: Contract = DEFAULT_CONTRACT, max_record_bytes: int = M
                         codec.feature_record, contract.shadow_score)
 
 
-async def avro_format(registry_url: str, *, subjects: dict[str, str], contract: Contract,
+async def avro_format(registry: SchemaRegistry, *, subjects: dict[str, str], contract: Contract,
                       timeout_s: float, max_record_bytes: int = MAX_RECORD_BYTES,
                       on_lookup: Callable[[str], None] | None = None) -> RecordFormat:
-    """Avro in and out: writer schemas fetched by id from the registry; the spec's output schemas registered
-    under ``subjects`` (schema name -> subject) before anything is written."""
-    registry = SchemaRegistry(registry_url)
+    """Avro in and out: writer schemas fetched by id from ``registry``; the spec's output schemas registered
+    under ``subjects`` (schema name -> subject) before anything is written. The format closes the registry."""
     try:
         outputs = await AvroEncoder.register(registry, subjects, contract, timeout_s)
     except BaseException:

@@ -18,7 +18,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from agents.model.deployment import Deployment, DeploymentError
-from tables.kafka import assign_all
+from tables.kafka import Connection, assign_all, client_options
 
 __all__ = ["KEY", "ControlFollower", "change", "decode", "encode", "read_latest", "write"]
 
@@ -45,13 +45,13 @@ def decode(value: bytes | None) -> Deployment:
 class ControlFollower:
     """Reads the control topic from its start, then follows it: each new record, in log order."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str | Connection, topic: str) -> None:
         self.bootstrap, self.topic = bootstrap, topic
         self._consumer: AIOKafkaConsumer | None = None
         self.highest_revision: int | None = None  # of the deployments read so far
 
     async def start(self) -> None:
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
+        consumer = AIOKafkaConsumer(**client_options(self.bootstrap), enable_auto_commit=False, group_id=None,
                                     client_id=f"seam-control-{self.topic}")
         await consumer.start()
         try:
@@ -125,7 +125,7 @@ def _parse(key: bytes | None, value: bytes | None,
         return exc
 
 
-async def read_latest(bootstrap: str, topic: str) -> Deployment | None:
+async def read_latest(bootstrap: str | Connection, topic: str) -> Deployment | None:
     """The deployment the control topic holds now (None if it holds none); raises for an unusable one."""
     follower = ControlFollower(bootstrap, topic)
     await follower.start()
@@ -138,9 +138,9 @@ async def read_latest(bootstrap: str, topic: str) -> Deployment | None:
     return latest
 
 
-async def write(bootstrap: str, topic: str, deployment: Deployment) -> None:
+async def write(bootstrap: str | Connection, topic: str, deployment: Deployment) -> None:
     """Write ``deployment`` as the control topic's newest record and wait for the broker to have it."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", enable_idempotence=True)
     await producer.start()
     try:
         await (await producer.send(topic, encode(deployment), key=KEY))
@@ -148,7 +148,7 @@ async def write(bootstrap: str, topic: str, deployment: Deployment) -> None:
         await producer.stop()
 
 
-async def change(bootstrap: str, topic: str, base: Callable[[], Deployment],
+async def change(bootstrap: str | Connection, topic: str, base: Callable[[], Deployment],
                  transition: Callable[[Deployment], Deployment]) -> Deployment:
     """Read the current deployment (``base()`` when the topic has none), apply ``transition``, write the result.
 

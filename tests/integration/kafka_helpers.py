@@ -22,7 +22,7 @@ from agents.formats.codec import FEATURE_RECORD_FORMAT, decode_feature_record
 from app.localhost import Subprocess, in_ci, worker_argv, worker_env
 from app.topics import ensure_topics
 from tables.features import DEFAULT_SPEC
-from tables.kafka import assign_all
+from tables.kafka import Connection, assign_all, client_options
 
 PASSTHROUGH = Path(__file__).resolve().parents[2] / "scripts" / "passthrough_app.py"
 
@@ -111,9 +111,9 @@ def passthrough_worker(bootstrap: str, *, app_id: str, input_topic: str, output_
     return Subprocess(argv, env, data_dir / "worker.log")
 
 
-async def committed_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+async def committed_offsets(bootstrap: str | Connection, group: str) -> dict[tuple[str, int], int]:
     """The consumer group's committed offsets."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**client_options(bootstrap))
     await admin.start()
     try:
         offsets = await admin.list_consumer_group_offsets(group)
@@ -122,9 +122,9 @@ async def committed_offsets(bootstrap: str, group: str) -> dict[tuple[str, int],
     return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
 
 
-async def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
+async def end_offsets(bootstrap: str | Connection, topic: str) -> dict[tuple[str, int], int]:
     """Each partition's end offset (the offset the next record will get)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
         partitions = await assign_all(consumer, bootstrap, [topic], from_end=True)
@@ -133,9 +133,9 @@ async def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
         await consumer.stop()
 
 
-async def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[Any, ...]]) -> int:
+async def produce_raw(bootstrap: str | Connection, topic: str, records: Iterable[tuple[Any, ...]]) -> int:
     """Send (key, value) or (key, value, headers) records in order and wait for every ack."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", linger_ms=5)
     await producer.start()
     try:
         futures = [await producer.send(topic, record[1], key=record[0], headers=record[2] if len(record) > 2 else None)
@@ -160,7 +160,7 @@ def decode_output(key: bytes | None, value: bytes) -> dict[str, Any]:
 
 
 async def collect(
-    bootstrap: str,
+    bootstrap: str | Connection,
     topics: list[str],
     done: Callable[[dict[str, list[dict[str, Any]]]], bool],
     timeout_s: float,
@@ -170,7 +170,7 @@ async def collect(
 ) -> dict[str, list[dict[str, Any]]]:
     """Read records from the start of ``topics`` until ``done`` holds (then ``settle_s``), each decoded by
     ``decode(topic, key, value)`` (default: :func:`decode_output`)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**client_options(bootstrap), enable_auto_commit=False,
                                 isolation_level="read_committed" if read_committed else "read_uncommitted")
     await consumer.start()
     out: dict[str, list[dict[str, Any]]] = {t: [] for t in topics}
@@ -202,7 +202,7 @@ def outcomes_done(topics: Topics, ids: set[str]) -> Callable[[dict[str, list[dic
     return done
 
 
-async def collect_outcomes(bootstrap: str, topics: Topics, ids: set[str], timeout_s: float,
+async def collect_outcomes(bootstrap: str | Connection, topics: Topics, ids: set[str], timeout_s: float,
                            read_committed: bool = False) -> dict[str, list[dict[str, Any]]]:
     """Read predictions, feature log, late records and dead letters until every id in ``ids`` is scored or late."""
     return await collect(bootstrap, [topics.predictions, topics.features, topics.late, topics.dlq],
@@ -220,6 +220,6 @@ def with_features(out: dict[str, list[dict[str, Any]]], topics: Topics) -> list[
     return joined
 
 
-def prepare_topics(bootstrap: str, topics: Topics, partitions: int = 4) -> None:
+def prepare_topics(bootstrap: str | Connection, topics: Topics, partitions: int = 4) -> None:
     asyncio.run(ensure_topics(bootstrap, [topics.input, topics.predictions, topics.dlq, topics.late,
                                           topics.features], partitions))
