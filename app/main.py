@@ -83,6 +83,10 @@ def create_app(settings: Settings, spec: FeatureSpec | None = None) -> faust.App
         web_port=settings.web_port,
         web_bind=settings.web_bind,
         web_host=web_host,
+        # Faust's /router/ and /table/ pages show the cluster's workers and any table's contents to whoever
+        # reaches the port: off unless asked for (seam's own /features/ routes a key to its owner itself).
+        web_router_enabled=settings.web_faust_pages,
+        web_tables_enabled=settings.web_faust_pages,
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=settings.topic_replication_factor,
         broker_max_poll_records=settings.max_poll_records,

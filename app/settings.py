@@ -94,6 +94,8 @@ class Settings:
     # The host name other workers use to reach this one (routed table queries); empty: this
     # machine's host name.
     web_host: str = "127.0.0.1"
+    # Faust's own pages (/router/: every worker's URL and partitions; /table/: the tables' contents): off.
+    web_faust_pages: bool = False
     # false: no per-record or per-batch metrics (pipeline and boundary); /metrics keeps the lag,
     # state, commit and event-loop metrics. For measuring what the metrics cost.
     metrics: bool = True

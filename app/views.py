@@ -9,7 +9,9 @@ from typing import Any
 import aiohttp
 import faust
 from faust.web import Request, Response, View
+from faust.web.exceptions import ServiceUnavailable
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from yarl import URL
 
 from agents.model.runtime import runtime_package
 from app.cluster import describe_cluster, local_view
@@ -20,9 +22,27 @@ from tables.features import latest_features
 from tables.kafka import partition_of
 from tables.state import StateTables
 
-__all__ = ["PEER_TIMEOUT_S", "register"]
+__all__ = ["PEER_TIMEOUT_S", "forward_get", "register"]
 
 PEER_TIMEOUT_S = 2.0
+
+
+async def forward_get(client: aiohttp.ClientSession, owner: URL, path_qs: str,
+                      timeout_s: float = PEER_TIMEOUT_S) -> tuple[int, bytes, str]:
+    """GET ``path_qs`` from the worker at ``owner`` for a caller: within ``timeout_s``, with none of the
+    caller's headers (no cookie or credential of theirs reaches another worker), no redirect followed.
+    Returns (status, body, content type); 504 if the owner did not answer in time, 502 if it could not be reached."""
+    url = owner.with_path("/").join(URL(path_qs))
+    try:
+        async with client.get(url, headers={"Accept": "application/json"}, allow_redirects=False,
+                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            return response.status, await response.read(), response.content_type
+    except TimeoutError:
+        return 504, f'{{"error": "the owner {owner} did not answer within {timeout_s:.0f} s"}}'.encode(), \
+            "application/json"
+    except aiohttp.ClientError as exc:
+        return 502, f'{{"error": "the owner {owner} could not be reached: {type(exc).__name__}"}}'.encode(), \
+            "application/json"
 
 
 def register(app: faust.App, settings: Settings, scoring: ScoringService, tables: StateTables) -> None:
@@ -121,12 +141,24 @@ def register(app: faust.App, settings: Settings, scoring: ScoringService, tables
 
     spec = scoring.spec
 
+    def owner_of(key: str) -> URL | None:
+        """The advertised URL of the group member that owns ``key``'s partition now; None: this worker."""
+        try:
+            owner: URL = app.router.key_store(tables.state_table.name, key)
+        except KeyError:  # no assignment yet (a rebalance): nobody owns it right now
+            raise ServiceUnavailable() from None
+        me = URL(str(app.conf.canonical_url))
+        return None if (owner.host, owner.port) == (me.host, me.port) else owner
+
     @app.page("/features/{key}/")
     class KeyFeaturesView(View):
         """A key's features as of its latest applied event and its partition's watermark (owner answers)."""
 
-        @app.table_route(table=tables.state_table, match_info="key")  # type: ignore[arg-type]
         async def get(self, request: Request, key: str) -> Response:
+            owner = owner_of(key)
+            if owner is not None:
+                status, body, content_type = await forward_get(app.http_client, owner, request.url.path_qs)
+                return self.bytes(body, content_type=content_type, status=status)
             pipeline = scoring.pipeline
             if pipeline is None:
                 return self.json({"status": "loading"}, status=503)

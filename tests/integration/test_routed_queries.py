@@ -38,6 +38,8 @@ def test_features_view_is_routed_to_the_owner_from_any_worker(kafka_bootstrap: s
             if all("features" in a for pair in answers.values() for a in pair):
                 break
             time.sleep(1)  # a rebalance may still be settling
+        # Faust's own pages (every worker's URL and partitions, any table's contents) are off by default.
+        faust_pages = [workers[0].get(path)[0] for path in ("/router/", "/table/card-state/")]
     finally:
         # Both at once: a worker told to stop while the group rebalances around the other one can
         # hit faust-streaming's fetcher-restart path on shutdown (an exit code, not data loss).
@@ -51,3 +53,4 @@ def test_features_view_is_routed_to_the_owner_from_any_worker(kafka_bootstrap: s
     owners = {a["served_by"] for pair in answers.values() for a in pair}
     assert len(owners) == 2, f"both workers should own some cards: {owners}"
     assert codes == [0, 0], "\n".join(w.log_tail(30) for w in workers)
+    assert faust_pages == [404, 404]
