@@ -28,6 +28,12 @@ RUN if [ "$OFFLINE" = true ]; then \
       pip install --upgrade pip && pip install . ; \
     fi && rm -rf /tmp/wheels
 
+# The worker runs as a user of its own, never as root; its state folder is the one place it writes.
+# (Written into /etc/passwd directly: a minimal Debian base has no useradd.)
+RUN echo 'seam:x:10001:10001:seam worker:/var/lib/seam:/usr/sbin/nologin' >> /etc/passwd \
+    && echo 'seam:x:10001:' >> /etc/group \
+    && mkdir -p /var/lib/seam && chown 10001:10001 /var/lib/seam
+USER seam
 ENV SEAM_DATA_DIR=/var/lib/seam \
     SEAM_MODEL_PATH=/srv/seam/models/fraud-mlp.onnx \
     SEAM_WEB_BIND=0.0.0.0 \

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -127,7 +128,10 @@ def workers() -> dict[str, int]:
     found = {}
     for container in ids:
         mapping = run(["docker", "port", container, "6066/tcp"]).stdout.split()[0]
-        found[container] = int(mapping.rsplit(":", 1)[1])
+        host, port = mapping.rsplit(":", 1)
+        if host != "127.0.0.1":
+            raise SystemExit(f"compose-test: {container}'s web port is published on {host}, not on 127.0.0.1 only")
+        found[container] = int(port)
     return found
 
 
@@ -172,6 +176,8 @@ def load_flows(records: int) -> None:
 
 def main() -> int:
     started = time.monotonic()
+    # docker-compose.yml has no default for Grafana's admin password (its service is left out here).
+    os.environ.setdefault("GRAFANA_ADMIN_PASSWORD", secrets.token_urlsafe(16))
     daemon = start_engine()
     try:
         run([sys.executable, str(ROOT / "scripts" / "images.py")], capture=False)
@@ -202,6 +208,10 @@ def scenario(started: float) -> int:
     run([*COMPOSE, "up", "-d", "--scale", "worker=3"])
     first = wait_for("3 ready workers agreeing on /cluster/", lambda: consistent_cluster(3), 180)
     say(f"3 workers up, generation {first['generation']} ({time.monotonic() - started:.0f} s)")
+    users = {run(["docker", "exec", container, "id", "-u"]).stdout.strip() for container in workers()}
+    if "0" in users:
+        raise SystemExit("compose-test: a worker container runs as root")
+    say(f"workers run as uid {', '.join(sorted(users))}, their web ports published on 127.0.0.1 only")
     load = subprocess.Popen([*COMPOSE, "run", "--rm", "-T", "worker", "produce", "--rate", str(RATE), "--duration",
                              str(DURATION_S), "--cards", str(CARDS), "--seed", "17"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
