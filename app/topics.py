@@ -68,7 +68,7 @@ def declare_topics(settings: Settings, changelogs: list[str], timeout_s: float =
         await ensure_topics(connection, names, settings.topic_partitions,
                             settings.topic_replication_factor, compacted=changelogs)
         # One partition: one record (the deployment), read in full by every worker and command.
-        await ensure_topics(settings.kafka, [], 1, settings.topic_replication_factor,
+        await ensure_topics(connection, [], 1, settings.topic_replication_factor,
                             compacted=[settings.model_control_topic])
 
     # Its own thread and loop: Faust's loop is not running yet and must not be replaced.

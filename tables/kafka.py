@@ -45,6 +45,11 @@ class Connection:
     key_file: str = ""
     key_password: str = field(default="", repr=False)
 
+    @classmethod
+    def of(cls, target: str | Connection) -> Connection:
+        """``target`` itself, or a plaintext connection to the bootstrap servers it names."""
+        return cls(target) if isinstance(target, str) else target
+
     def __post_init__(self) -> None:
         if self.security_protocol not in PROTOCOLS:
             raise ValueError(f"security protocol must be one of {', '.join(PROTOCOLS)}, got {self.security_protocol!r}")
@@ -89,20 +94,20 @@ class Refused(Exception):
     """The cluster refused this client: its credentials, or an operation its ACLs do not grant."""
 
 
-# What a broker answers when the client's principal may not do what it asked (Kafka's ACLs).
-REFUSALS = (kafka_errors.TopicAuthorizationFailedError, kafka_errors.GroupAuthorizationFailedError,
-            kafka_errors.ClusterAuthorizationFailedError, kafka_errors.TransactionalIdAuthorizationFailed,
-            kafka_errors.SaslAuthenticationFailed)
+# What a broker answers when the client's principal may not do what it asked (Kafka's ACLs), and the
+# refusals a client can meet: those, and its credentials refused.
+NOT_AUTHORIZED = (kafka_errors.TopicAuthorizationFailedError, kafka_errors.GroupAuthorizationFailedError,
+                  kafka_errors.ClusterAuthorizationFailedError, kafka_errors.TransactionalIdAuthorizationFailed)
+REFUSALS = (*NOT_AUTHORIZED, kafka_errors.SaslAuthenticationFailed)
 TOPIC_AUTHORIZATION_FAILED = kafka_errors.TopicAuthorizationFailedError.errno
 
 
 def refused(exc: BaseException, target: str | Connection, what: str) -> Refused:
     """A :class:`Refused` that says in one line who was refused ``what`` and why (never a secret)."""
-    connection = Connection(target) if isinstance(target, str) else target
+    connection = Connection.of(target)
     who = f"user {connection.username!r}" if connection.sasl else "this client"
     reason = getattr(exc, "message", "") or type(exc).__name__
-    if isinstance(exc, kafka_errors.TopicAuthorizationFailedError | kafka_errors.GroupAuthorizationFailedError |
-                  kafka_errors.ClusterAuthorizationFailedError | kafka_errors.TransactionalIdAuthorizationFailed):
+    if isinstance(exc, NOT_AUTHORIZED):
         reason = f"not authorized ({type(exc).__name__}: the cluster's ACLs do not grant it)"
     return Refused(f"the cluster at {connection.bootstrap} refused {who} {what}: {reason}")
 
@@ -110,7 +115,7 @@ def refused(exc: BaseException, target: str | Connection, what: str) -> Refused:
 async def check(target: str | Connection, timeout_s: float = 10.0) -> None:
     """Connect to a bootstrap server and, on a secured cluster, authenticate; raise :class:`Refused` if the
     credentials are refused, ``ConnectionError`` if no server answers (the first one's error)."""
-    connection = Connection(target) if isinstance(target, str) else target
+    connection = Connection.of(target)
     options = connection.options()
     del options["bootstrap_servers"]
     first: BaseException | None = None
@@ -131,7 +136,7 @@ async def check(target: str | Connection, timeout_s: float = 10.0) -> None:
 
 def client_options(target: str | Connection, **options: Any) -> dict[str, Any]:
     """An aiokafka client's keyword arguments: ``target``'s connection (a bootstrap string: plaintext), ``options``."""
-    connection = Connection(target) if isinstance(target, str) else target
+    connection = Connection.of(target)
     return connection.options() | options
 
 

@@ -63,6 +63,14 @@ def _route(topic: str, to: Send, others: Send) -> Send:
     return send
 
 
+def _crash_later(work: Work, exc: BaseException, pending: set[asyncio.Task[None]]) -> None:
+    """Stop the worker for ``exc`` without awaiting it here: stopping commits too, and this runs inside a
+    commit (``pending`` holds the task until it is done)."""
+    task = asyncio.ensure_future(work.crash(exc))
+    pending.add(task)
+    task.add_done_callback(pending.discard)
+
+
 def _observe(work: Work, cache: StateCache, writes: int, seconds: float) -> None:
     metrics = work.metrics
     metrics.state_flush.observe(seconds)
@@ -170,11 +178,8 @@ class AtLeastOnce:
                     raise SkipCommit(f"changelog records not sent while stopping: {exc!r}") from exc
                 if not isinstance(exc, Exception):
                     raise
-                # The acknowledgements are released but their state is not in the changelog: stop. The
-                # crash is not awaited here: stopping commits too, and this may run inside a commit.
-                task = asyncio.ensure_future(work.crash(exc))
-                self._crashing.add(task)
-                task.add_done_callback(self._crashing.discard)
+                # The acknowledgements are released but their state is not in the changelog: stop.
+                _crash_later(work, exc, self._crashing)
                 raise SkipCommit(f"changelog records could not be sent: {exc!r}") from exc
             cache.trim()  # the written states are in RocksDB now: clean ones may be dropped
             _observe(work, cache, writes, time.perf_counter() - started)
@@ -261,10 +266,7 @@ class ExactlyOnce:
         except Exception as exc:
             logger.exception("transactional commit failed; stopping (open transactions are aborted by the "
                              "partitions' next owner, and their records processed again)")
-            # Not awaited here: stopping commits too, and this commit holds intake until it returns.
-            task = asyncio.ensure_future(work.crash(exc))
-            self._crashing.add(task)
-            task.add_done_callback(self._crashing.discard)
+            _crash_later(work, exc, self._crashing)  # this commit holds intake until it returns
             return False
         if committed:
             consumer.committed_in_transactions(offsets)

@@ -73,6 +73,8 @@ def secured() -> Iterator[Secured]:
                              text=True)
     if started.returncode != 0:
         pytest.fail(f"could not start the secured broker:\n{started.stdout}\n{started.stderr}")
+    # The broker's own super user (made at its start): only the test reads what nobody else was granted.
+    passwords["admin"] = (run_dir / "secure" / "admin.password").read_text()
     try:
         yield Secured(f"127.0.0.1:{port}", run_dir / "secure" / "ca.pem", run_dir, passwords)
     finally:
@@ -135,7 +137,7 @@ def test_a_worker_scores_on_sasl_ssl_with_only_the_acls_seam_acls_grants(
         # was granted a read of the predictions.
         asyncio.run(produce_raw(secured.connection("operator"), topics.input, records))
         ids = {str(orjson.loads(value)["id"]) for _key, value in records}
-        out = asyncio.run(collect(admin_reader(secured), [topics.predictions],
+        out = asyncio.run(collect(secured.connection("admin"), [topics.predictions],
                                   lambda o: {p["id"] for p in o[topics.predictions]} >= ids,
                                   timeout_s=90, read_committed=True))
         assert {p["id"] for p in out[topics.predictions]} >= ids
@@ -144,12 +146,6 @@ def test_a_worker_scores_on_sasl_ssl_with_only_the_acls_seam_acls_grants(
         worker.stop()
     assert worker.proc.returncode == 0, worker.log_tail()
     assert_no_secret(secured, [tmp_path], views)
-
-
-def admin_reader(secured: Secured) -> Connection:
-    """Who reads the predictions in the test: the broker's admin (nobody else was granted a read of them)."""
-    return Connection(secured.bootstrap, "SASL_SSL", "SCRAM-SHA-512", "admin",
-                      (secured.run_dir / "secure" / "admin.password").read_text(), str(secured.ca_file))
 
 
 def test_the_intruder_can_deploy_write_and_read_nothing_and_the_operator_deploys(

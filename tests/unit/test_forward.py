@@ -52,9 +52,9 @@ async def test_a_slow_owner_is_a_504_within_the_timeout_and_a_redirect_is_not_fo
         owner: tuple[URL, list[dict[str, str]]]) -> None:
     url, _ = owner
     async with aiohttp.ClientSession() as client:
-        started = asyncio.get_running_loop().time()
+        # The owner answers 200 only after 2 s: a 504 is the timeout's, however slow this machine is.
         status, _, _ = await forward_get(client, url, "/features/c1/?slow=1", timeout_s=0.2)
-        assert status == 504 and asyncio.get_running_loop().time() - started < 1.5
+        assert status == 504
         status, _, _ = await forward_get(client, url, "/features/c1/?moved=1")
         assert status == 302
         status, body, _ = await forward_get(client, URL(f"http://127.0.0.1:{free_port()}/"), "/features/c1/")
