@@ -1,6 +1,9 @@
 """The ACLs seam needs on a secured cluster, for two principals: the workers and the operator.
 
-``seam acls`` prints them as Kafka's own ``kafka-acls`` commands for the settings' app id and topics.
+``seam acls`` prints them as Kafka's own ``kafka-acls`` commands for the settings' app id and topics, as few
+as say exactly them: one command grants its principals each of its operations on each of its resources (the
+cross product ``kafka-acls`` makes of repeated ``--allow-principal``, ``--operation`` and ``--topic`` options),
+so ACLs are grouped only where that product is theirs and nothing more.
 Nothing else is granted: every other principal can read and write none of seam's topics, and only the
 operator may write the control topic (which deploys models).
 
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 from app.settings import Settings
 
-__all__ = ["Acl", "acls", "commands"]
+__all__ = ["Acl", "Grant", "acls", "commands", "grants"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +37,47 @@ class Acl:
     operations: tuple[str, ...]
     pattern: str = "literal"
 
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One ``kafka-acls --add``: each principal may do each operation on each named resource of one type."""
+
+    principals: tuple[str, ...]
+    resource: str
+    names: tuple[str, ...]
+    operations: tuple[str, ...]
+    pattern: str = "literal"
+
+    def acls(self) -> list[Acl]:
+        """The ACLs it adds, one per principal and resource."""
+        return [Acl(principal, self.resource, name, self.operations, self.pattern)
+                for principal in self.principals for name in self.names]
+
     def args(self) -> list[str]:
         """The ``kafka-acls`` arguments that add it."""
-        args = ["--add", "--allow-principal", self.principal]
+        args = ["--add"]
+        for principal in self.principals:
+            args += ["--allow-principal", principal]
         for operation in self.operations:
             args += ["--operation", operation]
         if self.resource == "cluster":
             return [*args, "--cluster"]
-        args += [f"--{self.resource}", self.name]
+        for name in self.names:
+            args += [f"--{self.resource}", name]
         return [*args, "--resource-pattern-type", self.pattern] if self.pattern != "literal" else args
+
+
+def grants(granted: list[Acl]) -> list[Grant]:
+    """``granted`` as few grants as add exactly it: the names one principal gets the same operations on, then
+    the principals that get the same operations on the same names."""
+    names: dict[tuple[str, str, tuple[str, ...], str], dict[str, None]] = {}
+    for acl in granted:
+        names.setdefault((acl.principal, acl.resource, acl.operations, acl.pattern), {})[acl.name] = None
+    principals: dict[tuple[str, tuple[str, ...], tuple[str, ...], str], list[str]] = {}
+    for (principal, resource, operations, pattern), named in names.items():
+        principals.setdefault((resource, tuple(named), operations, pattern), []).append(principal)
+    return [Grant(tuple(who), resource, named, operations, pattern)
+            for (resource, named, operations, pattern), who in principals.items()]
 
 
 def acls(settings: Settings, *, worker: str, operator: str) -> list[Acl]:
@@ -68,7 +103,7 @@ def acls(settings: Settings, *, worker: str, operator: str) -> list[Acl]:
 
 
 def commands(settings: Settings, *, worker: str, operator: str, command_config: str = "admin.properties") -> list[str]:
-    """``acls`` as ``kafka-acls`` command lines, run as a principal allowed to alter ACLs."""
+    """``acls`` as ``kafka-acls`` command lines (see :func:`grants`), run as a principal allowed to alter ACLs."""
     server = settings.broker_bootstrap.split(",")[0]
-    return [shlex.join(["kafka-acls", "--bootstrap-server", server, "--command-config", command_config, *acl.args()])
-            for acl in acls(settings, worker=worker, operator=operator)]
+    return [shlex.join(["kafka-acls", "--bootstrap-server", server, "--command-config", command_config,
+                        *grant.args()]) for grant in grants(acls(settings, worker=worker, operator=operator))]

@@ -7,14 +7,20 @@
     python scripts/kafka_local.py purge  # remove the data of every broker here that is not running
     python scripts/kafka_local.py serve --advertise kafka   # in the foreground, on every interface (a container)
     python scripts/kafka_local.py tool kafka-consumer-groups --describe --group seam   # Kafka's own tools
+    seam acls --command-config admin.properties | python scripts/kafka_local.py tools   # many, in one JVM
     python scripts/kafka_local.py up --secure --user seam=secret --user operator=secret2   # SASL_SSL + ACLs
+    python scripts/kafka_local.py serve --advertise kafka --secure --secrets /run/secrets \
+        --user-file seam=/run/secrets/seam.password   # secured, with certificates and passwords made beforehand
 
 Secured (``--secure``, or KAFKA_SECURE=1): one SASL_SSL listener (SCRAM-SHA-512) with a certificate signed
 by a CA made at the first start (the JDK's keytool), KRaft's StandardAuthorizer with ACLs and nothing
 allowed without one, and SCRAM users bootstrapped into the metadata log when the storage is formatted:
 ``admin`` (a super user, for Kafka's tools: ``tool`` passes its client configuration) and every
 ``--user NAME=PASSWORD``. Its folder's ``secure/`` holds ``ca.pem`` (the CA clients trust) and
-``admin.properties``.
+``admin.properties``. ``--secrets DIR`` takes the certificates and passwords from DIR instead (made
+beforehand, as ``scripts/compose_secrets.py`` does for docker compose: ``broker.p12``, ``truststore.p12``,
+``ca.pem``, ``store.password``, ``admin.password``), and ``--user-file NAME=FILE`` reads a user's password
+from a file (a mounted secret) rather than the command line.
 
 Settings (environment or flags): KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (port + 1000),
 KAFKA_HOME (.cache/kafka: jars in libs-<version>/; data and logs in run-<port>/ unless --run-dir).
@@ -28,6 +34,7 @@ import base64
 import contextlib
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -44,6 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 POM = ROOT / "scripts" / "kafka" / "pom.xml"
 TOOLS_POM = ROOT / "scripts" / "kafka" / "tools-pom.xml"
+RUN_EACH = ROOT / "scripts" / "kafka" / "RunEach.java"
 # The scripts of Kafka's distribution (bin/<name>.sh), by the class each one runs.
 TOOLS = {
     "kafka-consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
@@ -243,11 +251,12 @@ def api_versions_ok(port: int, ca_file: Path, timeout_s: float = 2.0) -> bool:
     return correlation_id == 7 and error_code == 0
 
 
-def make_certificates(secure_dir: Path, store_password: str) -> None:
-    """A CA, and a broker certificate it signs for 127.0.0.1 and localhost (PKCS12 stores; the CA also as PEM)."""
+def make_certificates(secure_dir: Path, store_password: str, hosts: tuple[str, ...] = ()) -> None:
+    """A CA, and a broker certificate it signs for 127.0.0.1, localhost and ``hosts`` (PKCS12 stores; the CA
+    also as PEM)."""
     keytool = require("keytool", "Install a Java 17+ runtime, which has keytool (apt install openjdk-17-jre-headless).")
     secure_dir.mkdir(parents=True, exist_ok=True)
-    names = "SAN=dns:localhost,ip:127.0.0.1"
+    names = "SAN=" + ",".join([*(f"dns:{host}" for host in ("localhost", *hosts)), "ip:127.0.0.1"])
 
     def run(*args: str) -> None:
         done = subprocess.run([keytool, *args, "-storepass", store_password], capture_output=True, text=True,
@@ -304,7 +313,7 @@ class Broker:
     """One broker instance: its ports and its folder (config, data, logs, PID file)."""
 
     def __init__(self, port: int, controller_port: int, home: Path, run_dir: Path | None = None, *,
-                 secure: bool = False, users: dict[str, str] | None = None) -> None:
+                 secure: bool = False, users: dict[str, str] | None = None, secrets_dir: Path | None = None) -> None:
         self.port = port
         self.controller_port = controller_port
         self.home = home
@@ -312,11 +321,14 @@ class Broker:
         self.pid_file = self.run_dir / "kafka.pid"
         self.secure = secure
         self.users = dict(users or {})  # SCRAM users (secure): name -> password
-        self.secure_dir = self.run_dir / "secure"
+        self.secure_dir = self.run_dir / "secure"  # what it writes: admin.properties, and the material below
+        # The certificates and passwords (secure): made here at the first start, or read from a folder of
+        # secrets made beforehand (a container's /run/secrets), which it never writes.
+        self.material_dir = secrets_dir or self.secure_dir
 
     def ready(self) -> bool:
         if self.secure:
-            return api_versions_ok(self.port, self.secure_dir / "ca.pem")
+            return api_versions_ok(self.port, self.material_dir / "ca.pem")
         return metadata_ok(self.port)
 
     def _secrets(self) -> tuple[str, str]:
@@ -324,11 +336,13 @@ class Broker:
         self.secure_dir.mkdir(parents=True, exist_ok=True)
         values = []
         for name in ("admin.password", "store.password"):
-            path = self.secure_dir / name
+            path = self.material_dir / name
             if not path.exists():
+                if self.material_dir != self.secure_dir:
+                    raise KafkaError(f"{path} is missing (--secrets names a folder of secrets made beforehand)")
                 path.write_text(secrets.token_urlsafe(18))
                 path.chmod(0o600)
-            values.append(path.read_text())
+            values.append(path.read_text().rstrip("\r\n"))
         return values[0], values[1]
 
     @property
@@ -349,15 +363,15 @@ class Broker:
         scram: list[str] = []
         if self.secure:
             admin_password, store_password = self._secrets()
-            if not (self.secure_dir / "broker.p12").exists():
-                make_certificates(self.secure_dir, store_password)
+            if not (self.material_dir / "broker.p12").exists():
+                make_certificates(self.material_dir, store_password)
             props.write_text(SECURE_PROPERTIES.format(
                 port=self.port, controller_port=self.controller_port, data_dir=data_dir, listen=listen,
                 advertise=advertise, admin_password=admin_password, store_password=store_password,
-                secure_dir=self.secure_dir))
+                secure_dir=self.material_dir))
             props.chmod(0o600)
             admin = self.secure_dir / "admin.properties"
-            admin.write_text(ADMIN_PROPERTIES.format(admin_password=admin_password, secure_dir=self.secure_dir))
+            admin.write_text(ADMIN_PROPERTIES.format(admin_password=admin_password, secure_dir=self.material_dir))
             admin.chmod(0o600)
             for name, password in {"admin": admin_password, **self.users}.items():
                 scram += ["--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]"]
@@ -414,7 +428,7 @@ class Broker:
                 raise KafkaError(f"broker exited with code {proc.returncode}; see {log_dir}/server.log")
             if self.ready():
                 print(f"kafka_local: Apache Kafka {kafka_version()} ready on {self.bootstrap} (pid {proc.pid})"
-                      + (f", SASL_SSL (CA: {self.secure_dir / 'ca.pem'})" if self.secure else ""))
+                      + (f", SASL_SSL (CA: {self.material_dir / 'ca.pem'})" if self.secure else ""))
                 return
             time.sleep(0.25)
         self.down()
@@ -481,34 +495,66 @@ def purge(home: Path) -> None:
         print(f"kafka_local: removed {run_dir}")
 
 
-def run_tool(home: Path, name: str, args: list[str], port: int, command_config: Path | None = None) -> int:
-    """Run one of Kafka's command-line tools against the local broker (unless ``args`` name another); on a
-    secured one, as its admin user (``command_config``: the broker's ``secure/admin.properties``)."""
+def tool_argv(name: str, args: list[str], port: int, command_config: Path | None) -> list[str]:
+    """One tool's class and arguments: against the local broker unless ``args`` name another, and on a secured
+    one as its admin user (``command_config``: the broker's ``secure/admin.properties``)."""
     if name not in TOOLS:
         raise KafkaError(f"unknown tool {name!r}; one of: {', '.join(sorted(TOOLS))}")
+    if not any(arg.startswith(("--bootstrap-server", "--bootstrap-controller")) for arg in args):
+        args = [*args, "--bootstrap-server", f"127.0.0.1:{port}"]
+    if command_config is not None and command_config.exists() and "--command-config" not in args:
+        args = [*args, "--command-config", str(command_config)]
+    return [TOOLS[name], *args]
+
+
+def tools_jvm(home: Path) -> list[str]:
+    """``java`` and its options for Kafka's tools (their jars fetched once)."""
     java = require("java", "Install a Java 17+ runtime (Debian/Ubuntu: apt install openjdk-17-jre-headless).")
     libs = fetch_jars(home, TOOLS_POM, "tools")
     log_config = libs / "log4j2-tools.properties"
     if not log_config.exists():
         log_config.write_text(TOOLS_LOG4J2)
-    if not any(arg.startswith(("--bootstrap-server", "--bootstrap-controller")) for arg in args):
-        args = [*args, "--bootstrap-server", f"127.0.0.1:{port}"]
-    if command_config is not None and command_config.exists() and "--command-config" not in args:
-        args = [*args, "--command-config", str(command_config)]
-    cmd = [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
-           f"-Dlog4j2.configurationFile={log_config}", "-cp", f"{libs}/*", TOOLS[name], *args]
-    return subprocess.run(cmd).returncode
+    return [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log_config}", "-cp", f"{libs}/*"]
+
+
+def run_tool(home: Path, name: str, args: list[str], port: int, command_config: Path | None = None) -> int:
+    """Run one of Kafka's command-line tools (see :func:`tool_argv`)."""
+    argv = tool_argv(name, args, port, command_config)
+    return subprocess.run([*tools_jvm(home), *argv]).returncode
+
+
+def run_tools(home: Path, lines: list[str], port: int, command_config: Path | None = None) -> int:
+    """Run tool command lines (``kafka-acls --add ...``, as ``seam acls`` prints them) one after another in one
+    JVM (``RunEach.java``), stopping at the first that fails: seconds saved per line. Each tool must return
+    when it succeeds, as kafka-acls does (one that exits fails the run). Without ``RunEach.java`` (this script
+    copied alone) or a Java runtime that can run a source file (one with the jdk.compiler module), each line
+    runs in a JVM of its own."""
+    runs = []
+    for line in lines:
+        if line.strip():
+            name, *args = shlex.split(line)
+            runs.append(tool_argv(name, args, port, command_config))
+    jvm = tools_jvm(home)
+    modules = subprocess.run([jvm[0], "--list-modules"], capture_output=True, text=True).stdout.split()
+    if not RUN_EACH.exists() or not any(module.startswith("jdk.compiler@") for module in modules):
+        return next((code for argv in runs if (code := subprocess.run([*jvm, *argv]).returncode)), 0)
+    stdin = "".join("\0".join(argv) + "\n" for argv in runs)
+    return subprocess.run([*jvm, str(RUN_EACH)], input=stdin, text=True).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["tool"]:
-        if len(argv) < 2:
+    if argv[:1] in (["tool"], ["tools"]):
+        if argv == ["tool"]:
             raise KafkaError(f"usage: kafka_local.py tool NAME [ARGS...]; NAME one of: {', '.join(sorted(TOOLS))}")
         home = Path(os.environ.get("KAFKA_HOME", ROOT / ".cache" / "kafka")).resolve()
         port = int(os.environ.get("KAFKA_PORT", "9092"))
         run_dir = Path(os.environ["KAFKA_RUN_DIR"]) if os.environ.get("KAFKA_RUN_DIR") else home / f"run-{port}"
-        return run_tool(home, argv[1], argv[2:], port, run_dir / "secure" / "admin.properties")
+        admin = run_dir / "secure" / "admin.properties"
+        if argv[0] == "tools":  # command lines on standard input, all in one JVM
+            return run_tools(home, sys.stdin.read().splitlines(), port, admin)
+        return run_tool(home, argv[1], argv[2:], port, admin)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "down", "status", "fetch", "purge", "serve"])
     parser.add_argument("--port", type=int, default=int(os.environ.get("KAFKA_PORT", "9092")))
@@ -522,11 +568,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="SASL_SSL (SCRAM-SHA-512), certificates made here, ACLs required (see above)")
     parser.add_argument("--user", action="append", default=[], metavar="NAME=PASSWORD",
                         help="secure: a SCRAM user, created when the storage is first formatted (repeatable)")
+    parser.add_argument("--user-file", action="append", default=[], metavar="NAME=FILE",
+                        help="secure: a SCRAM user whose password is FILE's content, such as a mounted secret")
+    parser.add_argument("--secrets", type=Path, default=None, metavar="DIR",
+                        help="secure: the certificates and passwords made beforehand (see above), not made here")
     args = parser.parse_args(argv)
     users = dict(user.split("=", 1) for user in args.user)
+    for user in args.user_file:
+        name, path = user.split("=", 1)
+        try:
+            users[name] = Path(path).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise KafkaError(f"--user-file {name}: cannot read {path} ({exc.strerror})") from None
     controller_port = args.controller_port or args.port + 1000
     run_dir = args.run_dir.resolve() if args.run_dir else None
-    broker = Broker(args.port, controller_port, args.home.resolve(), run_dir, secure=args.secure, users=users)
+    broker = Broker(args.port, controller_port, args.home.resolve(), run_dir, secure=args.secure, users=users,
+                    secrets_dir=args.secrets)
     if args.command == "purge":
         purge(broker.home)
         return 0

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.localhost import free_port
 from app.synthetic import TransactionGenerator
+from tables.kafka import Connection, client_options
 from tests.integration.kafka_helpers import (
     Topics,
     Worker,
@@ -63,7 +64,7 @@ def predictions_flow(worker: Worker) -> bool:
     return sum(v for labels, v in samples(worker, "seam_events_out_total") if labels["topic_kind"] == "prediction") > 0
 
 
-def uncommitted(bootstrap: str, group: str, topic: str, ends: dict[int, int], partitions: set[int]) -> int:
+def uncommitted(bootstrap: str | Connection, group: str, topic: str, ends: dict[int, int], partitions: set[int]) -> int:
     """Records of ``partitions`` below ``ends`` (their end offsets at a kill) the group has not committed."""
     committed = asyncio.run(committed_offsets(bootstrap, group))
     return sum(max(0, end - max(0, committed.get((topic, p), 0))) for p, end in ends.items() if p in partitions)
@@ -77,8 +78,8 @@ class PacedInput:
     until that kill is asked for: the input never runs out before the last kill, however slow the workers start.
     """
 
-    def __init__(self, bootstrap: str, topic: str, events: list[dict[str, Any]], *, chunk: int, pause_s: float,
-                 kills: int) -> None:
+    def __init__(self, bootstrap: str | Connection, topic: str, events: list[dict[str, Any]], *, chunk: int,
+                 pause_s: float, kills: int) -> None:
         self._bootstrap, self._topic, self._pause_s = bootstrap, topic, pause_s
         self._chunks = [events[start:start + chunk] for start in range(0, len(events), chunk)]
         assert len(self._chunks) > kills, "a chunk for each kill, and more"
@@ -123,7 +124,7 @@ class PacedInput:
             self._error = exc
 
     async def _produce(self) -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks="all", linger_ms=5)
+        producer = AIOKafkaProducer(**client_options(self._bootstrap, acks="all", linger_ms=5))
         await producer.start()
         ends: dict[int, int] = {}
         try:
@@ -157,56 +158,69 @@ class PacedInput:
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_three_sigkills_lose_nothing_and_keep_features_exact(
         kafka_bootstrap: str, tmp_path: Path, guarantee: str) -> None:
-    rng = random.Random(29)
     topics = Topics.unique(uuid.uuid4().hex[:10])
     prepare_topics(kafka_bootstrap, topics)
+    sigkills_lose_nothing(kafka_bootstrap, kafka_bootstrap, topics, topics.env(), tmp_path, guarantee,
+                          total=TOTAL, kills=3, chunk=1_000)
+
+
+def sigkills_lose_nothing(admin: str | Connection, producer: str | Connection, topics: Topics, env: dict[str, str],
+                          tmp_path: Path, guarantee: str, *, total: int, kills: int, chunk: int) -> None:
+    """SIGKILL a worker (settings ``env``) ``kills`` times while ``total`` transactions arrive in chunks of ``chunk``
+    (written as ``producer`` to ``topics``, prepared with 4 partitions): nothing is lost, every feature is the
+    reference's, and under exactly once nothing repeats. Offsets and outputs are read as ``admin``."""
+    rng = random.Random(29)
     exactly_once = guarantee == "exactly_once"
     if exactly_once:  # every id once in the input, so that any repeated output is a duplicate
         generator = TransactionGenerator(cards=50, seed=29, late_rate=0.01, id_prefix="ke")
-        events = with_partitions([next(generator)[0] for _ in range(TOTAL)], 4)
+        events = with_partitions([next(generator)[0] for _ in range(total)], 4)
     else:
         # At least once replays what was processed after the last commit. A redelivered event keeps
         # its first features only within the replay horizon (allowed lateness + the largest window,
         # 61 min), counted from its card's newest event; older ones are routed late. With 50 cards
         # the stream covers 30 s of event time per event, so a replay of ~200 records (one write
         # interval while catching up) already spanned more, and ~100 events were routed late in some
-        # runs. 2,000 cards: 0.75 s per event, a replay of 4,000 records stays within the horizon.
-        events = with_partitions(stream_with_late_and_duplicates(TOTAL, seed=29, prefix="kl", cards=2_000), 4)
+        # runs. With 2,000 cards (0.75 s per event) a busy machine's slow commits once left more than the
+        # horizon's 4,880 records to replay: a prediction delivered before the kill kept no feature-log record
+        # (its redelivery was routed late). 8,000 cards: 0.19 s per event, the horizon is 19,500 records,
+        # about the whole stream of 20,000, so no replay the test can cause leaves it.
+        events = with_partitions(stream_with_late_and_duplicates(total, seed=29, prefix="kl", cards=8_000), 4)
     expected = replay(events, allowed_lateness_ms=60_000)
     first_features: dict[str, dict[str, float]] = {}
     for event, outcome in zip(events, expected, strict=True):
         if isinstance(outcome, Scored):
             first_features.setdefault(event["id"], outcome.features)
-    env = topics.env() | {"SEAM_SESSION_TIMEOUT_S": "6", "SEAM_PROCESSING_GUARANTEE": guarantee}
-    # ~10 s of input while the workers start, score and are killed; held back where a kill is still to come.
-    paced = PacedInput(kafka_bootstrap, topics.input, events, chunk=1_000, pause_s=0.45, kills=3)
+    env = env | {"SEAM_SESSION_TIMEOUT_S": "6", "SEAM_PROCESSING_GUARANTEE": guarantee}
+    bootstrap = Connection.of(admin).bootstrap
+    # Input while the workers start, score and are killed (~10 s of it at 20,000): held back where a kill is
+    # still to come.
+    paced = PacedInput(producer, topics.input, events, chunk=chunk, pause_s=0.45, kills=kills)
     paced.start()
-    kills, left_at_kills = 0, []
-    worker = Worker(kafka_bootstrap, env, tmp_path / "w0", free_port())
+    killed, left_at_kills = 0, []
+    worker = Worker(bootstrap, env, tmp_path / "w0", free_port())
     try:
-        for _ in range(3):
+        for _ in range(kills):
             worker.wait_ready()
             wait_until("predictions from this worker", worker, predictions_flow)
             # A random point of the commit interval (SEAM_COMMIT_INTERVAL_S, 1 s) to kill at.
             time.sleep(rng.uniform(0.0, 1.0))
             ends = paced.kill_after_next_chunk(worker)
             worker.stop()
-            kills += 1
-            left_at_kills.append(uncommitted(kafka_bootstrap, topics.app_id, topics.input, ends, set(ends)))
+            killed += 1
+            left_at_kills.append(uncommitted(admin, topics.app_id, topics.input, ends, set(ends)))
             # A replacement with the same local state folder, as a restarted container would have.
-            worker = Worker(kafka_bootstrap, env, tmp_path / "w0", free_port())
+            worker = Worker(bootstrap, env, tmp_path / "w0", free_port())
         paced.join()
         all_ids = {e["id"] for e in events}
-        out = asyncio.run(collect_outcomes(kafka_bootstrap, topics, all_ids, timeout_s=240,
-                                           read_committed=exactly_once))
-        committed = asyncio.run(committed_offsets(kafka_bootstrap, topics.app_id))
+        out = asyncio.run(collect_outcomes(admin, topics, all_ids, timeout_s=240, read_committed=exactly_once))
+        committed = asyncio.run(committed_offsets(admin, topics.app_id))
     finally:
         paced.abandon()
         code = worker.stop()
     predictions: list[dict[str, Any]] = with_features(out, topics)
     scored = Counter(p["id"] for p in predictions)
     late = {r["event"]["id"] for r in out[topics.late]}
-    assert kills == 3
+    assert killed == kills
     # Each kill landed mid-stream: input was in the topic that the killed worker had not committed as handled.
     # (The group is the one these offsets are read from: the worker's commits are there at the end.)
     assert any(tp[0] == topics.input for tp in committed), committed
@@ -218,7 +232,7 @@ def test_three_sigkills_lose_nothing_and_keep_features_exact(
     duplicates = sum(scored.values()) - len(scored)
     late_counts = Counter(r["event"]["id"] for r in out[topics.late])
     print(f"\nkill test ({guarantee}): {len(events)} inputs, {duplicates} duplicate predictions, "
-          f"{sum(late_counts.values())} late records, {len(out[topics.dlq])} dead letters after 3 SIGKILLs "
+          f"{sum(late_counts.values())} late records, {len(out[topics.dlq])} dead letters after {kills} SIGKILLs "
           f"with {left_at_kills} input records not committed at each")
     if exactly_once:
         assert duplicates == 0 and max(late_counts.values(), default=1) == 1, "an output was committed twice"

@@ -9,8 +9,8 @@ writes (worker logs, data folders, command output) is searched for the passwords
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
-import shlex
 import shutil
 import subprocess
 import sys
@@ -25,10 +25,13 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import TopicAuthorizationFailedError
 
+from app.acls import acls
 from app.localhost import free_port, worker_env
+from app.settings import Settings
 from app.synthetic import TransactionGenerator
 from tables.kafka import Connection, client_options
-from tests.integration.kafka_helpers import Topics, Worker, collect, encode, produce_raw
+from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw
+from tests.integration.test_kill import sigkills_lose_nothing
 
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA_LOCAL = ROOT / "scripts" / "kafka_local.py"
@@ -55,11 +58,12 @@ class Secured:
                 "SEAM_SASL_MECHANISM": "SCRAM-SHA-512", "SEAM_SASL_USERNAME": user,
                 "SEAM_SASL_PASSWORD_FILE": str(secret), "SEAM_SSL_CA_FILE": str(self.ca_file)}
 
-    def tool(self, name: str, args: list[str]) -> subprocess.CompletedProcess[str]:
-        """One of Kafka's tools, as the broker's admin user."""
+    def tools(self, lines: list[str]) -> subprocess.CompletedProcess[str]:
+        """Kafka's tools, one command line after another in one JVM, as the broker's admin user."""
         port = self.bootstrap.rsplit(":", 1)[1]
-        return subprocess.run([sys.executable, str(KAFKA_LOCAL), "tool", name, *args], capture_output=True,
-                              text=True, env=worker_env({"KAFKA_PORT": port, "KAFKA_RUN_DIR": str(self.run_dir)}))
+        return subprocess.run([sys.executable, str(KAFKA_LOCAL), "tools"], input="\n".join(lines),
+                              capture_output=True, text=True,
+                              env=worker_env({"KAFKA_PORT": port, "KAFKA_RUN_DIR": str(self.run_dir)}))
 
 
 @pytest.fixture(scope="module")
@@ -94,22 +98,44 @@ def settings_for(unique: str) -> dict[str, str]:
 
 
 def grant(secured: Secured, settings: dict[str, str]) -> None:
-    """Apply the ACLs ``seam acls`` prints for this app id and these topics (worker and operator)."""
+    """Apply the ACLs ``seam acls`` prints for this app id and these topics (worker and operator), each line with
+    Kafka's own kafka-acls, all in one JVM; then the broker holds exactly the ACL set seam documents."""
     printed = seam(secured.env("operator") | settings, "acls", "--worker", "User:worker",
                    "--operator", "User:operator", "--command-config", str(secured.run_dir / "secure" /
                                                                             "admin.properties"))
     assert printed.returncode == 0, printed.stderr
     lines = printed.stdout.strip().splitlines()
-    assert lines and all(line.startswith("kafka-acls ") for line in lines)
-    for line in lines:
-        done = secured.tool("kafka-acls", shlex.split(line)[1:])
-        assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
+    assert lines and all(line.startswith("kafka-acls --bootstrap-server ") for line in lines)
+    listing = "kafka-acls --list --principal User:worker --principal User:operator"
+    done = secured.tools([*lines, listing])
+    assert done.returncode == 0, f"{printed.stdout}\n{done.stdout}\n{done.stderr}"
+    # Each line grants the cross product of its principals, operations and resources: nothing beyond the set.
+    documented = acls(Settings.from_env(secured.env("operator") | settings), worker="User:worker",
+                      operator="User:operator")
+    expected = {(a.principal, a.resource, a.name, a.pattern, operation)
+                for a in documented for operation in a.operations}
+    names = {name for _principal, _resource, name, _pattern, _operation in expected}
+    held = {acl for acl in listed(done.stdout.split("ACLs for principal", 1)[1]) if acl[2] in names}
+    assert held == expected, (held - expected, expected - held)
+
+
+LISTED = re.compile(r"^Current ACLs for resource `ResourcePattern\(resourceType=(\w+), name=(.*), "
+                    r"patternType=(\w+)\)`:\n((?:\t.*\n)*)", re.MULTILINE)
+ENTRY = re.compile(r"\(principal=(.+), host=\*, operation=(\w+), permissionType=ALLOW\)")
+
+
+def listed(text: str) -> set[tuple[str, str, str, str, str]]:
+    """``kafka-acls --list`` output as (principal, resource, name, pattern, operation), spelled as ``seam acls``
+    spells them (``TRANSACTIONAL_ID``: ``transactional-id``, ``IDEMPOTENT_WRITE``: ``IdempotentWrite``)."""
+    return {(principal, resource.lower().replace("_", "-"), name, pattern.lower(),
+             operation.title().replace("_", ""))
+            for resource, name, pattern, entries in LISTED.findall(text)
+            for principal, operation in ENTRY.findall(entries)}
 
 
 @pytest.fixture(scope="module")
 def granted(secured: Secured) -> tuple[Topics, dict[str, str]]:
-    """One app id and its topics for the module, with the ACLs ``seam acls`` prints applied (each of Kafka's
-    tools starts a JVM: seconds per ACL)."""
+    """One app id and its topics for the module, with the ACLs ``seam acls`` prints applied."""
     unique = secrets.token_hex(5)
     settings = settings_for(unique)
     grant(secured, settings)
@@ -146,6 +172,19 @@ def test_a_worker_scores_on_sasl_ssl_with_only_the_acls_seam_acls_grants(
         worker.stop()
     assert worker.proc.returncode == 0, worker.log_tail()
     assert_no_secret(secured, [tmp_path], views)
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_a_sigkill_loses_nothing_with_only_the_acls_seam_acls_grants(
+        secured: Secured, tmp_path: Path, unique: str, guarantee: str) -> None:
+    """test_kill's check on this broker: the replacement worker restores, fences and commits with its ACLs."""
+    settings = settings_for(unique)
+    grant(secured, settings)
+    topics = Topics.unique(unique)
+    prepare_topics(secured.connection("admin"), topics)
+    sigkills_lose_nothing(secured.connection("admin"), secured.connection("operator"), topics,
+                          secured.env("worker") | settings, tmp_path, guarantee, total=3_000, kills=1, chunk=300)
+    assert_no_secret(secured, [tmp_path])
 
 
 def test_the_intruder_can_deploy_write_and_read_nothing_and_the_operator_deploys(

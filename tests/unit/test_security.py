@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.acls import acls, commands
+from app.acls import Acl, Grant, acls, commands, grants
 from app.settings import Settings, SettingsError
 from tables.kafka import Connection, client_options
 
@@ -69,6 +69,41 @@ def test_only_the_operator_may_write_the_control_topic() -> None:
     assert {("topic", "shop-"), ("transactional-id", f"shop-{settings.input_topic}-"),
             ("group", "shop-dlq-replay-")} <= prefixed
     lines = commands(settings, worker="User:w", operator="User:o", command_config="/etc/kafka/admin.properties")
-    assert len(lines) == len(granted)
+    assert len(lines) == len(grants(granted))
     assert all(line.startswith("kafka-acls --bootstrap-server 127.0.0.1:9092 --command-config "
                                "/etc/kafka/admin.properties --add --allow-principal User:") for line in lines)
+
+
+def expanded(granted: list[Acl]) -> set[tuple[str, str, str, str, str]]:
+    return {(a.principal, a.resource, a.name, a.pattern, operation) for a in granted for operation in a.operations}
+
+
+def test_grants_add_exactly_the_acl_set_in_fewer_commands() -> None:
+    settings = Settings(app_id="shop", model_control_topic="ctl", feature_log_topic="feat")
+    granted = acls(settings, worker="User:w", operator="User:o")
+    grouped = grants(granted)
+    # kafka-acls adds each of a command's principals each of its operations on each of its resources.
+    assert expanded([acl for grant in grouped for acl in grant.acls()]) == expanded(granted)
+    assert len(grouped) == 10 < len(granted) == 16
+    outputs = (settings.predictions_topic, settings.dlq_topic, settings.late_topic, settings.shadow_topic, "feat")
+    assert Grant(("User:w",), "topic", outputs, ("Write", "Describe", "Create")) in grouped
+    assert Grant(("User:w",), "topic", (settings.input_topic, "ctl"), ("Read", "Describe", "Create")) in grouped
+    assert Grant(("User:w", "User:o"), "cluster", ("kafka-cluster",), ("IdempotentWrite",)) in grouped
+    # Never a product that is not the set: same names and pattern, other operations, stay apart.
+    assert Grant(("User:o",), "topic", ("ctl",), ("Read", "Write", "Describe", "Create")) in grouped
+    assert Grant(("User:w",), "topic", ("shop-",), ("Read", "Write", "Describe", "Create"), "prefixed") in grouped
+    assert Grant(("User:o",), "group", ("shop-dlq-replay-",), ("Read", "Describe"), "prefixed") in grouped
+    assert Grant(("User:w",), "group", ("shop",), ("Read", "Describe")) in grouped
+
+
+def test_a_grant_is_one_kafka_acls_command() -> None:
+    grant = Grant(("User:w", "User:o"), "topic", ("a", "b"), ("Read", "Describe"), "prefixed")
+    assert grant.args() == ["--add", "--allow-principal", "User:w", "--allow-principal", "User:o",
+                            "--operation", "Read", "--operation", "Describe", "--topic", "a", "--topic", "b",
+                            "--resource-pattern-type", "prefixed"]
+    assert Grant(("User:w",), "cluster", ("kafka-cluster",), ("IdempotentWrite",)).args() == [
+        "--add", "--allow-principal", "User:w", "--operation", "IdempotentWrite", "--cluster"]
+    assert Grant(("User:w",), "transactional-id", ("t",), ("Write",)).args()[-2:] == ["--transactional-id", "t"]
+    # One principal given the same operations on a name twice: one resource, not two.
+    assert grants([Acl("User:w", "topic", "a", ("Read",)), Acl("User:w", "topic", "a", ("Read",))]) == [
+        Grant(("User:w",), "topic", ("a",), ("Read",))]
