@@ -7,7 +7,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 
 .DEFAULT_GOAL := help
-.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool registry registry-up registry-down system-tools demo test unit integration lint model bench-model bench bench-ingest bench-models bench-formats images compose-test clean
+.PHONY: help install kafka-jars kafka-up kafka-down kafka-status kafka-tool registry registry-up registry-down system-tools demo test unit integration lint model bench-model bench bench-ingest bench-models bench-formats images compose-test compose-secrets clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -58,8 +58,11 @@ test: install kafka-jars registry system-tools  ## Run unit and integration test
 images: install kafka-jars  ## Build the container images here (a Debian base, a wheelhouse; see docker-compose.local.yml).
 	$(PY) scripts/images.py
 
-compose-test: install kafka-jars  ## Kafka and 3 workers in docker compose: kill one, scale to 2 and 4, every input answered (skips without Docker; fails instead when CI is set).
-	$(PY) scripts/compose_test.py
+compose-test: install kafka-jars  ## Kafka and 3 workers in docker compose: kill one, scale to 2 and 4, every input answered (skips without Docker; fails instead when CI is set); SECURE=1: the secured variant.
+	$(PY) scripts/compose_test.py $(if $(SECURE),--secured)
+
+compose-secrets: install  ## Make the secured compose variant's CA, broker keystore, passwords and ACLs in .secrets/compose (once).
+	$(PY) scripts/compose_secrets.py
 
 unit: install  ## Run the unit tests only (no broker).
 	$(PY) -m pytest tests/unit

@@ -2,8 +2,9 @@
 say whether every input record was answered, as one JSON line.
 
 Reads the input topic from its start to its current end, then the outputs (predictions, late records, dead
-letters) until every input's id is among them or ``CHECK_TIMEOUT_S`` passes. Uses only what the worker image
-has (seam's own package, aiokafka, orjson).
+letters) until every input's id is among them or ``CHECK_TIMEOUT_S`` passes. Connects as the worker's settings
+say (``SEAM_*``: TLS and SASL on a secured cluster, as a principal that may read all of those topics), or to
+``CHECK_BOOTSTRAP`` in plaintext. Uses only what the worker image has (seam's own package, aiokafka, orjson).
 """
 
 import asyncio
@@ -15,9 +16,10 @@ from collections import Counter
 import orjson
 from aiokafka import AIOKafkaConsumer
 
-from tables.kafka import assign_all, client_options
+from app.settings import Settings
+from tables.kafka import Connection, assign_all, client_options
 
-BOOTSTRAP = os.environ.get("CHECK_BOOTSTRAP", "kafka:9092")
+KAFKA = Connection(os.environ["CHECK_BOOTSTRAP"]) if "CHECK_BOOTSTRAP" in os.environ else Settings.from_env().kafka
 INPUT = os.environ.get("CHECK_INPUT", "transactions")
 OUTPUTS = {"prediction": os.environ.get("CHECK_PREDICTIONS", "predictions"),
            "late": os.environ.get("CHECK_LATE", "transactions-late"),
@@ -27,7 +29,7 @@ TIMEOUT_S = float(os.environ.get("CHECK_TIMEOUT_S", "120"))
 
 async def read_to_end(consumer: AIOKafkaConsumer, topic: str, deadline: float) -> list[bytes]:
     """Every record of ``topic`` up to its end offsets as they are now."""
-    partitions = await assign_all(consumer, BOOTSTRAP, [topic], from_end=False)
+    partitions = await assign_all(consumer, KAFKA, [topic], from_end=False)
     ends = await consumer.end_offsets(partitions)
     values: list[bytes] = []
     while time.monotonic() < deadline:
@@ -49,7 +51,7 @@ def event_id(kind: str, value: bytes) -> str:
 
 async def main() -> int:
     deadline = time.monotonic() + TIMEOUT_S
-    consumer = AIOKafkaConsumer(**client_options(BOOTSTRAP), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(KAFKA), enable_auto_commit=False)
     await consumer.start()
     try:
         inputs = [orjson.loads(v) for v in await read_to_end(consumer, INPUT, deadline)]
@@ -58,7 +60,7 @@ async def main() -> int:
         counts: Counter[str] = Counter()
         answered: set[str] = set()
         predicted: set[str] = set()
-        await assign_all(consumer, BOOTSTRAP, list(OUTPUTS.values()), from_end=False)
+        await assign_all(consumer, KAFKA, list(OUTPUTS.values()), from_end=False)
         while time.monotonic() < deadline and not ids <= answered:
             for tp, records in (await consumer.getmany(timeout_ms=500, max_records=20_000)).items():
                 kind = kinds[tp.topic]

@@ -2,7 +2,8 @@
 """seam in containers, as the README's Docker section runs it: Kafka and scaled workers with docker compose, a
 worker killed, the service scaled down and up, every input answered.
 
-    python scripts/compose_test.py      # make compose-test (make test runs it)
+    python scripts/compose_test.py             # make compose-test (make test runs it)
+    python scripts/compose_test.py --secured   # make compose-test SECURE=1: docker-compose.secured.yml
 
 1. A Docker engine: the running one, or ``dockerd`` started here (and stopped at the end) when it is installed
    and this user may. Without one (or without docker-compose and mmdebstrap) it says why and skips (exit 0);
@@ -13,12 +14,19 @@ worker killed, the service scaled down and up, every input answered.
    one worker container ``docker kill``-ed; ``--scale worker=2``, then ``--scale worker=4``.
 4. Checks: every input answered (a prediction, a late record or a dead letter; read inside the network by
    ``scripts/compose_check.py``), ``/cluster/`` the same from every running worker and naming each of them,
-   ``/features/<card>/`` the same from any worker, Prometheus scraping every worker.
+   ``/features/<card>/`` the same from any worker, Prometheus scraping every worker; no service's process
+   runs as root (uid 0) and web ports are published on 127.0.0.1 only.
 5. ``docker-compose down -v``; no container, network or volume of the project is left.
+
+``--secured`` runs the secured variant instead (``docker-compose.secured.yml`` over the same files, its secrets
+made by ``scripts/compose_secrets.py`` in a temporary folder): Kafka on SASL_SSL with ACLs and 2 workers as
+the SCRAM user ``seam``; synthetic load produced as ``operator``; every input answered and predictions among
+the outputs (read as the broker's super user), and no service running as root.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -26,12 +34,15 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
+
+import compose_secrets
 
 from app.localhost import in_ci
 
@@ -40,6 +51,7 @@ PROJECT = f"seamct{uuid.uuid4().hex[:6]}"
 COMPOSE = ["docker-compose", "-p", PROJECT, "-f", str(ROOT / "docker-compose.yml"),
            "-f", str(ROOT / "docker-compose.local.yml")]
 RATE, DURATION_S, CARDS = 150, 70, 300
+SECURED_RECORDS = 400  # --secured: records produced as the operator
 
 
 def say(message: str) -> None:
@@ -135,6 +147,34 @@ def workers() -> dict[str, int]:
     return found
 
 
+def service_users() -> dict[str, set[str]]:
+    """Each service with running containers -> the uids (real, effective, saved, filesystem) of their main
+    processes, as the kernel reports them inside each container (/proc/1/status): what runs, not what the
+    image asks for."""
+    ids = run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}",
+               "--filter", "status=running", "--filter", "label=com.docker.compose.oneoff=False"]).stdout.split()
+    users: dict[str, set[str]] = {}
+    for container in ids:
+        service = run(["docker", "inspect", "--format", '{{index .Config.Labels "com.docker.compose.service"}}',
+                       container]).stdout.strip()
+        status = run(["docker", "exec", container, "cat", "/proc/1/status"]).stdout
+        uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+        users.setdefault(service, set()).update(uids)
+    return users
+
+
+def check_not_root(services: set[str]) -> None:
+    """Every service in ``services`` runs, and no process of theirs as root."""
+    users = service_users()
+    if set(users) != services:
+        raise SystemExit(f"compose-test: running services {sorted(users)}, expected {sorted(services)}")
+    root = sorted(service for service, uids in users.items() if "0" in uids)
+    if root:
+        raise SystemExit(f"compose-test: {', '.join(root)} run(s) as root (uid 0): {users}")
+    say("no container runs as root: " + ", ".join(f"{service} uid {'/'.join(sorted(uids))}"
+                                                  for service, uids in sorted(users.items())))
+
+
 def consistent_cluster(expected: int) -> dict[str, Any] | None:
     """Every running worker is ready and serves the same /cluster/ view, naming ``expected`` workers."""
     ports = workers()
@@ -175,6 +215,9 @@ def load_flows(records: int) -> None:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--secured", action="store_true", help="the secured variant (docker-compose.secured.yml)")
+    args = parser.parse_args()
     started = time.monotonic()
     # docker-compose.yml has no default for Grafana's admin password (its service is left out here).
     os.environ.setdefault("GRAFANA_ADMIN_PASSWORD", secrets.token_urlsafe(16))
@@ -182,7 +225,10 @@ def main() -> int:
     try:
         run([sys.executable, str(ROOT / "scripts" / "images.py")], capture=False)
         say(f"images built ({time.monotonic() - started:.0f} s); project {PROJECT}")
+        secrets_dir = tempfile.TemporaryDirectory(prefix="seam-compose-secrets-") if args.secured else None
         try:
+            if secrets_dir is not None:
+                return secured_scenario(started, Path(secrets_dir.name))
             return scenario(started)
         finally:
             run([*COMPOSE, "down", "-v", "--remove-orphans"], check=False)
@@ -193,6 +239,8 @@ def main() -> int:
             if any(left.values()):
                 raise SystemExit(f"compose-test: left behind after down -v: {left}")
             say("down -v: no containers, networks or volumes of the project left")
+            if secrets_dir is not None:
+                secrets_dir.cleanup()
     finally:
         if daemon is not None:
             daemon.terminate()
@@ -200,18 +248,21 @@ def main() -> int:
             say("stopped the dockerd it started")
 
 
-def scenario(started: float) -> int:
-    with socket.socket() as sock:  # docker-compose.yml publishes Prometheus on this host's port 9090
+def prometheus_port_free() -> None:
+    """Stop at once if this host's port 9090 is taken: docker-compose.yml publishes Prometheus there."""
+    with socket.socket() as sock:
         if sock.connect_ex(("127.0.0.1", 9090)) == 0:
             raise SystemExit("compose-test: port 9090 on this host is in use; docker-compose.yml publishes "
                              "Prometheus there")
+
+
+def scenario(started: float) -> int:
+    prometheus_port_free()
     run([*COMPOSE, "up", "-d", "--scale", "worker=3"])
     first = wait_for("3 ready workers agreeing on /cluster/", lambda: consistent_cluster(3), 180)
     say(f"3 workers up, generation {first['generation']} ({time.monotonic() - started:.0f} s)")
-    users = {run(["docker", "exec", container, "id", "-u"]).stdout.strip() for container in workers()}
-    if "0" in users:
-        raise SystemExit("compose-test: a worker container runs as root")
-    say(f"workers run as uid {', '.join(sorted(users))}, their web ports published on 127.0.0.1 only")
+    check_not_root({"kafka", "worker", "prometheus"})
+    say("the workers' web ports are published on 127.0.0.1 only")  # workers() refuses any other address
     load = subprocess.Popen([*COMPOSE, "run", "--rm", "-T", "worker", "produce", "--rate", str(RATE), "--duration",
                              str(DURATION_S), "--cards", str(CARDS), "--seed", "17"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -230,16 +281,7 @@ def scenario(started: float) -> int:
     if load.returncode != 0:
         raise SystemExit(f"compose-test: the load generator failed:\n{output}")
     say("load: " + output.strip().splitlines()[-1])
-    with open(ROOT / "scripts" / "compose_check.py") as script:
-        check = run([*COMPOSE, "run", "--rm", "-T", "--entrypoint", "python", "worker", "-"], stdin=script,
-                    check=False)
-    lines = [line for line in check.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise SystemExit(f"compose-test: the check printed nothing:\n{check.stdout}\n{check.stderr}")
-    summary = json.loads(lines[-1])
-    say(f"outputs: {summary}")
-    if check.returncode != 0 or summary["unanswered"] or summary["inputs"] != RATE * DURATION_S:
-        raise SystemExit(f"compose-test: not every input was answered: {summary}")
+    summary = answered(RATE * DURATION_S)
     ports = workers()
     for card in summary["cards"]:
         views = [get(port, f"/features/{card}/") for port in ports.values()]
@@ -254,6 +296,50 @@ def scenario(started: float) -> int:
 
     wait_for(f"Prometheus scraping all {len(ports)} workers", scraped, 60)
     say(f"Prometheus scrapes all {len(ports)} workers; passed in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def answered(inputs: int, run_options: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``scripts/compose_check.py``'s summary, read inside the network (``run_options``: of its ``docker-compose
+    run``); fails unless the input topic holds ``inputs`` records and every one was answered."""
+    with open(ROOT / "scripts" / "compose_check.py") as script:
+        check = run([*COMPOSE, "run", "--rm", "-T", *run_options, "--entrypoint", "python", "worker", "-"],
+                    stdin=script, check=False)
+    lines = [line for line in check.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"compose-test: the check printed nothing:\n{check.stdout}\n{check.stderr}")
+    summary: dict[str, Any] = json.loads(lines[-1])
+    say(f"outputs: {summary}")
+    if check.returncode != 0 or summary["unanswered"] or summary["inputs"] != inputs:
+        raise SystemExit(f"compose-test: not every input was answered: {summary}")
+    return summary
+
+
+def as_user(secrets: Path, user: str) -> tuple[str, ...]:
+    """``docker-compose run`` options that make a worker container connect as ``user`` (its password mounted
+    for that one command: the worker service has only its own)."""
+    return ("-e", f"SEAM_SASL_USERNAME={user}", "-e", f"SEAM_SASL_PASSWORD_FILE=/run/secrets/{user}.password",
+            "-v", f"{secrets / f'{user}.password'}:/run/secrets/{user}.password:ro")
+
+
+def secured_scenario(started: float, secrets: Path) -> int:
+    """Kafka on SASL_SSL with ACLs and 2 workers as ``seam``; load as ``operator``; every input answered."""
+    compose_secrets.make(secrets)
+    os.environ["SEAM_COMPOSE_SECRETS"] = str(secrets)  # docker-compose.secured.yml's secrets' folder
+    COMPOSE.extend(["-f", str(ROOT / "docker-compose.secured.yml")])
+    prometheus_port_free()
+    run([*COMPOSE, "up", "-d", "--scale", "worker=2"])
+    first = wait_for("2 ready workers agreeing on /cluster/ (on SASL_SSL)", lambda: consistent_cluster(2), 240)
+    say(f"2 workers up as SCRAM user seam, generation {first['generation']} ({time.monotonic() - started:.0f} s)")
+    check_not_root({"kafka", "worker", "prometheus"})
+    # --no-deps: not the one-shot kafka-acls service again
+    load = run([*COMPOSE, "run", "--rm", "-T", "--no-deps", *as_user(secrets, "operator"), "worker", "produce",
+                "--rate", "200", "--duration", str(SECURED_RECORDS / 200), "--cards", "50", "--seed", "17"])
+    say("load (as operator): " + load.stdout.strip().splitlines()[-1])
+    summary = answered(SECURED_RECORDS, ("--no-deps", *as_user(secrets, "admin")))  # admin: reads every topic
+    if not summary["outputs"].get("prediction"):
+        raise SystemExit(f"compose-test: no prediction among the outputs: {summary}")
+    say(f"secured variant passed in {time.monotonic() - started:.0f} s")
     return 0
 
 
