@@ -5,7 +5,10 @@
     .venv/bin/python -m bench --out docs --write docs/BENCHMARKS.md   # what `make bench` runs
 
 Without ``--bootstrap`` it uses the broker of ``scripts/kafka_local.py`` on ``$KAFKA_PORT`` (9092), starting
-it if it is not running and stopping it afterwards if it started it. It writes ``bench-results.json`` and
+it if it is not running and stopping it afterwards if it started it. The SASL_SSL mode (``seam-sasl-ssl``)
+runs on a second, secured local broker (``kafka_local.py up --secure`` on free ports) that the run starts
+and stops; without the JDK's ``keytool`` that broker cannot make its certificates, and the mode is skipped
+with a message saying so. It writes ``bench-results.json`` and
 the plots (``bench-*.png``) into ``--out`` and, with ``--write``, replaces the "End to end" section of that
 Markdown file.
 """
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -28,7 +33,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench.harness import MODES, ROOT, Plan, run_all
+from bench.harness import MODES, ROOT, SECURED, Plan, run_all
+from bench.secured import MissingKeytool, SecuredBroker
+from tables.kafka import Connection
 
 __all__ = ["BENCH_MODEL", "build_parser", "ensure_bench_model", "main", "run"]
 
@@ -120,8 +127,24 @@ async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[st
     plan = make_plan(args)
     started = time.monotonic()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with tempfile.TemporaryDirectory(prefix="seam-bench-") as tmp, Progress(*columns, console=console) as progress:
-        results = await run_all(plan, bootstrap, Path(tmp), progress, progress.console.print)
+    skipped: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        secured: Connection | None = None
+        if SECURED in plan.modes:
+            # Up for the whole run, so that every mode shares the machine with the same two brokers.
+            try:
+                secured = stack.enter_context(SecuredBroker())
+            except MissingKeytool as exc:
+                skipped[SECURED] = str(exc)
+                console.print(f"bench: skipping {SECURED}: {exc}")
+                plan = dataclasses.replace(plan, modes=tuple(m for m in plan.modes if m != SECURED))
+            except RuntimeError as exc:
+                raise SystemExit(f"bench: {exc}") from None
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="seam-bench-"))
+        progress = stack.enter_context(Progress(*columns, console=console))
+        results = await run_all(plan, bootstrap, Path(tmp), progress, progress.console.print, secured)
+    if skipped:
+        results["skipped"] = skipped
     results["plan"] = {name: getattr(plan, name) for name in (
         "quick", "sat_records", "sat_cap_s", "ceiling_records", "load_seconds", "warmup_s", "drain_cap_s", "cards",
         "capacity_probes")}
@@ -132,6 +155,7 @@ async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[st
     results["machine"] = report.machine()
     results["models"] = {name: report.model_info(path) for name, path in plan.ort_models.items()}
     results["targets"] = report.targets(results)
+    results["tls_cost"] = report.tls_cost(results)
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_json(results, args.out / "bench-results.json")
     if not args.no_plots:

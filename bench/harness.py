@@ -1,4 +1,4 @@
-"""Run every benchmark mode on one broker, one after the other, and collect the results.
+"""Run every benchmark mode on one broker (SASL_SSL: on a second one), one after the other; collect the results.
 
 Per pipeline mode and model, one worker process on fresh topics:
 
@@ -19,6 +19,11 @@ A backlog left by a mode that could not keep up is deleted from the input topic 
 the next phase, so each phase starts from an empty queue. A run's topics are deleted when it ends, so every
 mode meets a broker holding the same topics. An unmeasured seam run comes first, so that no mode pays for the
 broker's own warm-up.
+
+The SASL_SSL mode (:data:`SECURED`) is seam adaptive on a second, secured broker (:mod:`bench.secured`), run
+right after seam adaptive on the plaintext one and loaded at the same rates: every client of that run, the
+harness's own included, connects through its :class:`tables.kafka.Connection`. It gets an unmeasured warm-up
+run of its own too.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import math
 import sys
 import time
 import uuid
@@ -56,14 +62,16 @@ from bench.kafka import (
 )
 from bench.ort import BATCH_SIZES, measure_model
 from bench.promtext import Histogram, fetch, merged, since
-from tables.kafka import partition_of
+from bench.secured import worker_settings
+from tables.kafka import Connection, partition_of
 
-__all__ = ["MODES", "Plan", "run_all"]
+__all__ = ["MODES", "SECURED", "Plan", "run_all"]
 
 ROOT = Path(__file__).resolve().parent.parent
 CEILING = "ceiling-a"
-MODES = (CEILING, "seam-adaptive", "seam-no-metrics", "seam-fixed", "seam-exactly-once", "seam-stream", "async",
-         "naive", "quix")
+SECURED = "seam-sasl-ssl"  # seam adaptive on the secured broker: what TLS and SASL cost
+MODES = (CEILING, "seam-adaptive", SECURED, "seam-no-metrics", "seam-fixed", "seam-exactly-once", "seam-stream",
+         "async", "naive", "quix")
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
 
 
@@ -108,7 +116,7 @@ class Run:
     mode: str
     model: str
     model_path: Path
-    bootstrap: str
+    bootstrap: str | Connection
     workdir: Path
     seam_env: dict[str, str] = field(default_factory=dict)
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
@@ -141,14 +149,17 @@ class Run:
         base = worker_env({}, drop=("SEAM_", "BENCH_"))
         data = self.workdir / self.app_id
         data.mkdir(parents=True, exist_ok=True)
+        connection = Connection.of(self.bootstrap)
+        if not self.mode.startswith("seam") and connection.security_protocol != "PLAINTEXT":
+            raise ValueError(f"{self.mode} runs on a plaintext broker only, not {connection.security_protocol}")
         if self.mode == CEILING:
-            argv = [sys.executable, "-m", "bench.passthrough", self.bootstrap, self.topic("tx"), self.topic("pred"),
-                    str(10**12)]
+            argv = [sys.executable, "-m", "bench.passthrough", connection.bootstrap, self.topic("tx"),
+                    self.topic("pred"), str(10**12)]
             return argv, base
         if self.mode.startswith("seam"):
             self.web_port = free_port()
-            env = base | {
-                "SEAM_BROKER_URL": f"kafka://{self.bootstrap}", "SEAM_APP_ID": self.app_id,
+            env = base | worker_settings(connection, data) | {
+                "SEAM_APP_ID": self.app_id,
                 "SEAM_INPUT_TOPIC": self.topic("tx"), "SEAM_PREDICTIONS_TOPIC": self.topic("pred"),
                 "SEAM_DLQ_TOPIC": self.topic("dlq"), "SEAM_LATE_TOPIC": self.topic("late"),
                 "SEAM_FEATURE_LOG_TOPIC": self.topic("feat"), "SEAM_DATA_DIR": str(data),
@@ -161,7 +172,7 @@ class Run:
             } | self.seam_env
             return worker_argv("warn"), env
         env = base | {
-            "BENCH_MODE": self.mode, "BENCH_BROKER": f"kafka://{self.bootstrap}", "BENCH_APP_ID": self.app_id,
+            "BENCH_MODE": self.mode, "BENCH_BROKER": f"kafka://{connection.bootstrap}", "BENCH_APP_ID": self.app_id,
             "BENCH_INPUT": self.topic("tx"), "BENCH_PREDICTIONS": self.topic("pred"), "BENCH_DLQ": self.topic("dlq"),
             "BENCH_LATE": self.topic("late"), "BENCH_DATA_DIR": str(data), "BENCH_MODEL": str(self.model_path),
         }
@@ -189,11 +200,20 @@ def worker_stages(observed: dict[tuple[str, tuple[tuple[str, str], ...]], Histog
     for name, key in STAGES:
         series = merged(observed, *key)
         if series is not None and series.count:
-            out[name] = {"p50_ms": series.quantile(0.5) * 1000, "p99_ms": series.quantile(0.99) * 1000}
+            out[name] = _bounds(series, {"p50_ms": series.quantile(0.5), "p99_ms": series.quantile(0.99)})
     lag = observed.get(("seam_event_loop_lag_seconds", ()))
     if lag is not None and lag.count:
-        out["loop_lag_max_ms"] = lag.max_bound() * 1000
+        out |= _bounds(lag, {"loop_lag_max_ms": lag.max_bound()})
     return out
+
+
+def _bounds(series: Histogram, seconds: dict[str, float]) -> dict[str, Any]:
+    """``seconds`` in ms; one past the last finite bucket as that bucket's bound, named in ``"above"`` (a "more
+    than", where the others are "at most"): JSON has no infinity."""
+    last = max((bound for bound, _ in series.buckets if math.isfinite(bound)), default=0.0)
+    out: dict[str, Any] = {name: (value if math.isfinite(value) else last) * 1000 for name, value in seconds.items()}
+    above = [name for name, value in seconds.items() if math.isinf(value)]
+    return out | {"above": above} if above else out
 
 
 async def _metrics_page(run: Run) -> str | None:
@@ -235,10 +255,13 @@ def _id_of(value: bytes) -> str:
 
 
 class Bench:
-    """Runs the plan against one broker; ``results`` is the JSON document."""
+    """Runs the plan against one broker (and the SASL_SSL mode against ``secured``); ``results`` is the JSON
+    document."""
 
-    def __init__(self, plan: Plan, bootstrap: str, workdir: Path, progress: Progress) -> None:
+    def __init__(self, plan: Plan, bootstrap: str, workdir: Path, progress: Progress,
+                 secured: Connection | None = None) -> None:
         self.plan, self.bootstrap, self.workdir, self.progress = plan, bootstrap, workdir, progress
+        self.secured = secured
         generator = TransactionGenerator(cards=plan.cards, seed=plan.seed, late_rate=0.0, id_prefix="bench")
         n = max(plan.sat_records, plan.ceiling_records if CEILING in plan.modes else 0)
         transactions = [next(generator)[0] for _ in range(n)]
@@ -268,14 +291,19 @@ class Bench:
 
     async def mode(self, mode: str, model: str, loads_from: str) -> dict[str, Any]:
         """Saturation, correctness and latency of one mode with one model."""
-        run = Run(mode, model, self.plan.models[model], self.bootstrap, self.workdir, self.plan.seam_env)
+        target: str | Connection = self.bootstrap
+        if mode == SECURED:
+            if self.secured is None:
+                raise ValueError(f"{SECURED} needs the secured broker's connection")
+            target = self.secured
+        run = Run(mode, model, self.plan.models[model], target, self.workdir, self.plan.seam_env)
         started = time.monotonic()
         count = self.plan.ceiling_records if mode == CEILING else self.plan.sat_records
         await run.create_topics()
-        await produce_inputs(self.bootstrap, run.topic("tx"), self.inputs[:count])
+        await produce_inputs(run.bootstrap, run.topic("tx"), self.inputs[:count])
         run.start()
         try:
-            async with OffsetWatch(self.bootstrap, run.topic("pred")) as watch:
+            async with OffsetWatch(run.bootstrap, run.topic("pred")) as watch:
                 result = await self._saturate(run, watch, count)
                 self._advance()
                 own = result["saturation"]["events_per_s"]
@@ -313,7 +341,7 @@ class Bench:
                                                "probes": probes[len(result["latency"]):]}
         finally:
             run.stop()
-            await delete_topics(self.bootstrap, run.suffix)
+            await delete_topics(run.bootstrap, run.suffix)
         result["wall_s"] = round(time.monotonic() - started, 1)
         return result
 
@@ -326,18 +354,20 @@ class Bench:
         warm-up (20,000 inputs, one 3 s phase at a quarter of the load) was not enough: run next,
         adaptive's p99 was 64 / 124 / 1,572 ms at 25 / 50 / 80 % load, and the same build run again
         after fixed bounds 40 / 84 / 350 ms (fixed bounds in between: 43 / 104 / 1,118 ms).
+        The secured broker, a broker of its own, gets the same warm-up.
         """
-        await self.mode("seam-adaptive", model, f"seam-adaptive/{model}")
-        self.saturation.pop(f"seam-adaptive/{model}", None)
+        for mode in ("seam-adaptive", SECURED) if SECURED in self.plan.modes else ("seam-adaptive",):
+            await self.mode(mode, model, f"{mode}/{model}")
+            self.saturation.pop(f"{mode}/{model}", None)
 
     async def _restart(self, run: Run, watch: OffsetWatch, generator: TransactionGenerator) -> None:
         """Start the next phase from an empty queue: delete the backlog, restart the worker, wait for it."""
-        await drop_backlog(self.bootstrap, run.topic("tx"))
+        await drop_backlog(run.bootstrap, run.topic("tx"))
         run.stop()  # also drops what the worker had fetched but not processed
         worker = run.start()
         before = await watch.total()
         probe = next(generator)[0]
-        await produce_inputs(self.bootstrap, run.topic("tx"), [(probe["card_id"].encode(), orjson.dumps(probe))])
+        await produce_inputs(run.bootstrap, run.topic("tx"), [(probe["card_id"].encode(), orjson.dumps(probe))])
         deadline = time.monotonic() + self.plan.start_timeout_s
         while await watch.total() <= before:
             worker.check()
@@ -364,7 +394,7 @@ class Bench:
         self.progress.remove_task(task)
         if first_seen is None:
             raise RuntimeError(f"{run.mode} produced nothing in {self.plan.start_timeout_s:.0f} s ({run.workdir})")
-        outputs = await read_range(self.bootstrap, run.topic("pred"), {}, await watch.offsets())
+        outputs = await read_range(run.bootstrap, run.topic("pred"), {}, await watch.offsets())
         rate, span_s = steady_rate(sorted(ts for ts, _ in outputs))
         result: dict[str, Any] = {"saturation": {
             "events_per_s": round(rate), "inputs": count, "outputs": len(outputs),
@@ -374,14 +404,14 @@ class Bench:
             if run.mode.startswith("seam") and self.plan.seam_env.get("SEAM_FEATURE_LOG_TOPIC", "on"):
                 # seam writes features to a feature log of their own (unless it is turned off)
                 topic = run.topic("feat")
-                ends = await end_offsets(self.bootstrap, topic)
+                ends = await end_offsets(run.bootstrap, topic)
                 deadline = time.monotonic() + 10
                 # The feature log goes on a connection of its own: its records can land a little after
                 # the predictions they belong to.
                 while sum(ends.values()) < len(outputs) and time.monotonic() < deadline:
                     await asyncio.sleep(0.1)
-                    ends = await end_offsets(self.bootstrap, topic)
-                feature_log = feature_log_by_id(v for _, v in await read_range(self.bootstrap, topic, {}, ends))
+                    ends = await end_offsets(run.bootstrap, topic)
+                feature_log = feature_log_by_id(v for _, v in await read_range(run.bootstrap, topic, {}, ends))
             result["correctness"] = self.check(run.model, [v for _, v in outputs], count, feature_log)
         return result
 
@@ -404,7 +434,7 @@ class Bench:
                     rate: float) -> dict[str, Any]:
         label = f"{run.mode} ({run.model}): {fraction:.0%} load, {rate:,.0f}/s"
         task = self.progress.add_task(label, total=int(rate * (self.plan.warmup_s + self.plan.load_seconds)))
-        start, in_start = await watch.offsets(), await end_offsets(self.bootstrap, run.topic("tx"))
+        start, in_start = await watch.offsets(), await end_offsets(run.bootstrap, run.topic("tx"))
         metrics_before = await _metrics_page(run)
         sent: dict[str, int] = {}
         # The first warmup_s seconds at this rate are not measured: the worker has just drained a backlog.
@@ -414,7 +444,7 @@ class Bench:
             if ts_ms >= measure_from_ms:
                 sent[tx["id"]] = ts_ms
 
-        report = await produce(self.bootstrap, run.topic("tx"), rate=rate,
+        report = await produce(run.bootstrap, run.topic("tx"), rate=rate,
                                duration_s=self.plan.warmup_s + self.plan.load_seconds, generator=generator,
                                partitions=PARTITIONS, on_sent=on_sent,
                                on_progress=lambda done, _total: self.progress.update(task, completed=done))
@@ -426,10 +456,10 @@ class Bench:
             await asyncio.sleep(0.1)
         cutoff_ms = int(time.time() * 1000)
         metrics_after = await _metrics_page(run)
-        outputs = await read_range(self.bootstrap, run.topic("pred"), start, await watch.offsets())
+        outputs = await read_range(run.bootstrap, run.topic("pred"), start, await watch.offsets())
         # The inputs' own broker timestamps: latency starts when the input record reached Kafka.
-        inputs = await read_range(self.bootstrap, run.topic("tx"), in_start,
-                                  await end_offsets(self.bootstrap, run.topic("tx")))
+        inputs = await read_range(run.bootstrap, run.topic("tx"), in_start,
+                                  await end_offsets(run.bootstrap, run.topic("tx")))
         appended = {tx_id: ts for ts, tx_id in ((ts, _id_of(v)) for ts, v in inputs) if tx_id in sent}
         answered: dict[str, int] = {}
         for ts, value in outputs:
@@ -467,14 +497,16 @@ def latency_percentiles(observed: list[int], censored: list[int]) -> dict[str, A
 
 
 async def run_all(plan: Plan, bootstrap: str, workdir: Path, progress: Progress,
-                  log: Callable[[str], None]) -> dict[str, Any]:
-    """Ceiling B, then per model: seam adaptive, ceiling A (first model only), the other modes."""
-    bench = Bench(plan, bootstrap, workdir, progress)
+                  log: Callable[[str], None], secured: Connection | None = None) -> dict[str, Any]:
+    """Ceiling B, then per model: seam adaptive, SASL_SSL (on ``secured``), ceiling A (first model only), the
+    other modes."""
+    bench = Bench(plan, bootstrap, workdir, progress, secured)
     results: dict[str, Any] = {"ort": bench.ort_ceiling(), "modes": {}}
     if not plan.quick:
         await bench.warm_up(next(iter(plan.models)))
     for index, model in enumerate(plan.models):
-        order = [m for m in ("seam-adaptive", CEILING) if m in plan.modes and (index == 0 or m != CEILING)]
+        # SASL_SSL right after the plaintext run it is compared with, so the machine has the least time to drift.
+        order = [m for m in ("seam-adaptive", SECURED, CEILING) if m in plan.modes and (index == 0 or m != CEILING)]
         order += [m for m in plan.modes if m not in order and m != CEILING]
         results["modes"][model] = {}
         for mode in order:

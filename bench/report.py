@@ -12,11 +12,13 @@ from typing import Any
 
 from bench.capacity import SLA_MS, kept_up
 
-__all__ = ["machine", "markdown", "model_info", "plots", "replace_section", "targets", "write_json",
+__all__ = ["machine", "markdown", "model_info", "plots", "replace_section", "targets", "tls_cost", "write_json",
            "write_markdown"]
 
 SECTION = "## End to end"
-LABELS = {"seam-adaptive": "seam adaptive", "seam-no-metrics": "seam adaptive, no metrics",
+SECURED = "seam-sasl-ssl"  # bench.harness.SECURED (the report reads results files alone, without the harness)
+LABELS = {"seam-adaptive": "seam adaptive", SECURED: "seam adaptive, SASL_SSL",
+          "seam-no-metrics": "seam adaptive, no metrics",
           "seam-fixed": "seam fixed bounds",
           "seam-exactly-once": "seam exactly once", "seam-stream": "seam, stream ingest",
           "async": "async (thread pool)", "naive": "naive (per record)", "quix": "Quix Streams", "ceiling-a":
@@ -161,6 +163,64 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def tls_cost(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per model, what SASL_SSL costs seam adaptive: its saturation rate over the plaintext run's, and at each
+    load both p99s and their difference (None where either is a lower bound, or SASL_SSL was overloaded)."""
+    out = []
+    for model, modes in results["modes"].items():
+        plain, secured = modes.get("seam-adaptive"), modes.get(SECURED)
+        if not plain or not secured:
+            continue
+        plain_rate, secured_rate = plain["saturation"]["events_per_s"], secured["saturation"]["events_per_s"]
+        points = []
+        for point in plain.get("latency", []):
+            mine, theirs = _p99(plain, point["load"]), _p99(secured, point["load"])
+            if mine is None or theirs is None:
+                continue
+            exact = not (mine[1] or theirs[1])
+            points.append({"load": point["load"], "offered_per_s": point["offered_per_s"],
+                           "plaintext_p99_ms": _finite(mine[0]), "plaintext_lower_bound": mine[1],
+                           "sasl_ssl_p99_ms": _finite(theirs[0]), "sasl_ssl_lower_bound": theirs[1],
+                           "sasl_ssl_overloaded": theirs[0] == float("inf"),
+                           "p99_difference_ms": round(theirs[0] - mine[0], 2) if exact else None})
+        out.append({"model": model, "plaintext_per_s": plain_rate, "sasl_ssl_per_s": secured_rate,
+                    "saturation_ratio": round(secured_rate / plain_rate, 3) if plain_rate else None,
+                    "points": points})
+    return out
+
+
+def _tls_section(results: dict[str, Any]) -> list[str]:
+    """The "What TLS costs" subsection: SASL_SSL against PLAINTEXT, seam adaptive on both, in this one run."""
+    skipped = results.get("skipped", {}).get(SECURED)
+    if skipped:
+        return ["### What TLS costs", "", f"Not measured in this run: {skipped}.", ""]
+    costs = tls_cost(results)
+    if not costs:
+        return []
+    lines = ["### What TLS costs", "",
+             "seam adaptive on the SASL_SSL broker (TLS, SCRAM-SHA-512) against seam adaptive on the plaintext one, "
+             "in this run, at the same offered rates:", ""]
+    for cost in costs:
+        ratio = cost["saturation_ratio"]
+        share = f"**{ratio:.0%}**" if ratio is not None else "–"
+        exact = [p for p in cost["points"] if p["p99_difference_ms"] is not None]
+        p99 = ("; p99 " + ", ".join(f"{p['p99_difference_ms']:+,.1f} ms at {p['load']:.0%}" for p in exact)
+               if exact else "")
+        lines.append(f"- {cost['model']} model: saturation {share} of plaintext's ({cost['sasl_ssl_per_s']:,} vs "
+                     f"{cost['plaintext_per_s']:,} events/s){p99}.")
+    lines += ["", "| model | load | offered/s | PLAINTEXT p99 ms | SASL_SSL p99 ms | difference ms |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for cost in costs:
+        for p in cost["points"]:
+            plain = _ms((p["plaintext_p99_ms"], p["plaintext_lower_bound"])).removesuffix(" ms")
+            secured = ("unbounded (overloaded)" if p["sasl_ssl_overloaded"]
+                       else _ms((p["sasl_ssl_p99_ms"], p["sasl_ssl_lower_bound"])).removesuffix(" ms"))
+            diff = "–" if p["p99_difference_ms"] is None else f"{p['p99_difference_ms']:+,.1f}"
+            lines.append(f"| {cost['model']} | {p['load']:.0%} | {p['offered_per_s']:,} | {plain} | {secured} | "
+                         f"{diff} |")
+    return [*lines, ""]
+
+
 def write_json(results: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
 
@@ -175,6 +235,11 @@ adaptive, no metrics** (`SEAM_METRICS=false`: what the per-record and per-batch 
 exactly once** (`SEAM_PROCESSING_GUARANTEE=exactly_once`; latency counts from the input to the
 prediction's append, not to its transaction's commit) and **seam, stream ingest**
 (`SEAM_INGEST=stream`) are `seam worker` with its default settings otherwise;
+**seam adaptive, SASL_SSL** is seam adaptive on a second local broker the run starts, whose one listener is
+SASL_SSL (TLS with a certificate signed by a CA made at its start, SCRAM-SHA-512, `StandardAuthorizer`): the
+load generator, the benchmark's own clients and the worker all connect as its super user, whom the authorizer
+lets through without looking an ACL up, so what it adds to seam adaptive is TLS and SASL. It runs right
+after seam adaptive, at the same offered rates, and its broker gets the same unmeasured warm-up run;
 **Quix Streams** is the same job in Quix Streams (state in its RocksDB store, the model called per
 record). Every mode computes the features with `tables/features.py` and writes seam's prediction record
 (seam's modes write each prediction's features to the feature log; the peers put them in the prediction).
@@ -226,6 +291,11 @@ def _fmt_latency(point: dict[str, Any], name: str) -> str:
     return ("≥ " if name in point["lower_bound"] else "") + f"{value:,.1f}"
 
 
+def _stage_ms(stage: dict[str, Any], name: str) -> str:
+    """A stage's bucket bound in ms; "> " where the value lies past the histogram's last finite bucket."""
+    return ("> " if name in stage.get("above", ()) else "") + f"{stage[name]:,.1f}"
+
+
 def _stages(results: dict[str, Any]) -> list[str]:
     """Where the time went in each seam mode's latency phases, from the worker's own /metrics."""
     rows = [(model, mode, point) for model, modes in results["modes"].items() for mode, entry in modes.items()
@@ -243,25 +313,28 @@ def _stages(results: dict[str, Any]) -> list[str]:
              + " | event-loop lag max ms |", "|---|---|---:|---:|" + "---:|" * (len(names) + 1)]
     for model, mode, point in rows:
         stages = point["worker"]
-        cells = [f"{stages[n]['p99_ms']:,.1f}" if n in stages else "–" for n in names]
-        lag = stages.get("loop_lag_max_ms")
+        cells = [_stage_ms(stages[n], "p99_ms") if n in stages else "–" for n in names]
+        lag = _stage_ms(stages, "loop_lag_max_ms") if "loop_lag_max_ms" in stages else "–"
         lines.append(f"| {model} | {LABELS.get(mode, mode)} | {point['load']:.0%} | {point['offered_per_s']:,} | "
-                     + " | ".join(cells) + f" | {'–' if lag is None else f'{lag:,.1f}'} |")
+                     + " | ".join(cells) + f" | {lag} |")
     return [*lines, ""]
 
 
 def markdown(results: dict[str, Any], image_dir: Path | None = None, doc_dir: Path | None = None) -> str:
     """The "End to end" section: command, machine, throughput and latency tables, targets, plots."""
     m, plan = results["machine"], results["plan"]
+    secured = any(SECURED in modes for modes in results["modes"].values())
+    brokers = "two local brokers" if secured else "one local broker"
     command = f"`{results['command']}`"
     if "--bootstrap" in results["command"] and "--out docs" in results["command"]:
         command += " (`make bench` without `--bootstrap`: on a broker it starts itself)"
     lines = [
         SECTION, "",
         f"Command: {command} ({results['duration_s']:.0f} s). Machine: {m['cpus']} CPUs ({m['cpu']}), "
-        f"{m['memory_gib']} GiB, Python {m['python']}, Kafka {m['kafka']} (one local broker), load average at the "
+        f"{m['memory_gib']} GiB, Python {m['python']}, Kafka {m['kafka']} ({brokers}), load average at the "
         f"start {', '.join(map(str, m['load_average']))}. All modes ran in this one run, one after the other, on "
-        "the same broker, input records and models.", "",
+        "the same broker, input records and models"
+        + (" (SASL_SSL: on a second, secured broker of the same build)." if secured else "."), "",
         *METHOD.format(**{"warmup_s": 1.0, "capacity_probes": 0, **plan},
                        loads_pct=", ".join(f"{x:.0%}" for x in plan["loads"])).splitlines(), "",
         _correctness(results), "",
@@ -302,6 +375,7 @@ def markdown(results: dict[str, Any], image_dir: Path | None = None, doc_dir: Pa
                       f"{live['did_not_keep_up_at']:,}/s (probes: " + ", ".join(
                           f"{p['offered_per_s']:,}/s {'kept up' if kept_up(p) else 'behind'}, p99 "
                           + _fmt_latency(p, "p99") + " ms" for p in live["probes"]) + ").", ""]
+    lines += _tls_section(results)
     lines += _stages(results)
     lines += ["### Targets", "", "| target | measured | met |", "|---|---|:---:|"]
     lines += [f"| {t['target']} | {t['detail']} | {'yes' if t['met'] else 'no'} |" for t in results["targets"]]

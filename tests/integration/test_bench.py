@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import CEILING, MODES
+from bench.harness import CEILING, MODES, SECURED
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ def test_quick_bench_runs_every_mode_with_identical_predictions(kafka_bootstrap:
     doc.write_text("# Benchmarks\n\nintro\n\n## Ingestion\n\nkept\n")
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--bootstrap", kafka_bootstrap, "--out", str(tmp_path),
-         "--write", str(doc)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+         "--write", str(doc)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     results = json.loads((tmp_path / "bench-results.json").read_text())
 
@@ -46,6 +46,10 @@ def test_quick_bench_runs_every_mode_with_identical_predictions(kafka_bootstrap:
         if not overloaded:
             assert phase["sent"] > 0 and phase["answered"] > 0 and "p99_ms" in phase, (mode, phase)
     assert not modes["seam-adaptive"]["latency"][0].get("overloaded")
+    # SASL_SSL on a secured broker of the run's own, at seam adaptive's offered rate, compared with it
+    assert modes[SECURED]["latency"][0]["offered_per_s"] == modes["seam-adaptive"]["latency"][0]["offered_per_s"]
+    (cost,) = results["tls_cost"]
+    assert cost["model"] == "default" and cost["saturation_ratio"] > 0 and len(cost["points"]) == 1
     # seam's own stage times for the phase, read from the worker's /metrics before and after it
     stages = modes["seam-adaptive"]["latency"][0]["worker"]
     assert {"end_to_end", "ingest", "queue", "inference", "delivery"} <= set(stages), stages
@@ -68,3 +72,4 @@ def test_quick_bench_runs_every_mode_with_identical_predictions(kafka_bootstrap:
     assert text.startswith("# Benchmarks\n\nintro\n\n## Ingestion\n\nkept\n")
     assert "## End to end" in text and "| seam adaptive |" in text and "bench-p99.png" in text
     assert "### Where the time goes, by stage" in text
+    assert "### What TLS costs" in text and "| seam adaptive, SASL_SSL |" in text

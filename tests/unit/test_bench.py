@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import orjson
 import pytest
 
 from agents.formats.codec import feature_record
+from app.settings import Settings
 from app.synthetic import TransactionGenerator
+from bench import report
 from bench.capacity import kept_up, next_probe
-from bench.harness import latency_percentiles, steady_rate, worker_stages
+from bench.harness import SECURED, latency_percentiles, steady_rate, worker_stages
 from bench.job import (
     THRESHOLD,
     compare,
@@ -22,8 +25,10 @@ from bench.job import (
     reference,
     score_one,
 )
-from bench.report import replace_section
+from bench.report import markdown, replace_section, tls_cost
+from bench.secured import MissingKeytool, SecuredBroker, worker_settings
 from tables.features import DEFAULT_SPEC, Watermark
+from tables.kafka import Connection
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "fraud-mlp.onnx"
 
@@ -155,6 +160,24 @@ def test_a_phase_is_what_a_histogram_observed_between_two_reads() -> None:
     assert worker_stages(observed) == {"loop_lag_max_ms": 50.0}
 
 
+def test_a_stage_past_the_last_bucket_is_a_lower_bound_that_json_can_hold(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from bench.promtext import histograms
+    from bench.report import _stages, write_json
+
+    registry = CollectorRegistry()
+    flush = Histogram("seam_state_flush_seconds", "x", buckets=(0.01, 0.05), registry=registry)
+    for value in [0.005] * 90 + [0.2] * 10:  # the slowest tenth beyond the last finite bucket
+        flush.observe(value)
+    stages = worker_stages(histograms(generate_latest(registry).decode()))
+    assert stages == {"state_writes": {"p50_ms": 10.0, "p99_ms": 50.0, "above": ["p99_ms"]}}
+    point = {"load": 0.25, "offered_per_s": 1000, "worker": stages}
+    write_json({"modes": {"default": {"seam-adaptive": {"latency": [point]}}}}, tmp_path / "results.json")
+    row = _stages({"modes": {"default": {"seam-adaptive": {"latency": [point]}}}})[-2]
+    assert "| > 50.0 |" in row
+
+
 def _phase(offered: int, by_second: list[float], unanswered: int = 0) -> dict[str, object]:
     return {"offered_per_s": offered, "unanswered": unanswered, "p99_ms_by_second": by_second}
 
@@ -172,3 +195,68 @@ def test_the_capacity_bracket_lies_between_the_fastest_kept_up_and_the_slowest_a
     assert next_probe(points, 10_000) == (4000, 6000)
     assert next_probe(points[:2], 10_000) == (4000, 10_000)  # all kept up: up to its saturation
     assert next_probe([_phase(2000, [20, 500, 900])], 10_000) == (0, 2000)
+
+
+def _mode(events_per_s: int, *points: dict[str, Any]) -> dict[str, Any]:
+    return {"saturation": {"events_per_s": events_per_s}, "latency": list(points)}
+
+
+def _point(load: float, offered: int, p99_ms: float, *, lower_bound: bool = False) -> dict[str, Any]:
+    return {"load": load, "offered_per_s": offered, "p99_ms": p99_ms, "unanswered": int(lower_bound),
+            "lower_bound": ["p99"] if lower_bound else []}
+
+
+def test_tls_cost_compares_sasl_ssl_with_plaintext_at_each_load() -> None:
+    plain = _mode(10_000, _point(0.25, 2_500, 20.0), _point(0.5, 5_000, 30.0), _point(0.8, 8_000, 60.0))
+    secured = _mode(7_500, _point(0.25, 2_500, 24.5), _point(0.5, 5_000, 900.0, lower_bound=True),
+                    {"load": 0.8, "offered_per_s": 8_000, "overloaded": True})
+    results = {"modes": {"default": {"seam-adaptive": plain, SECURED: secured}, "bench": {"seam-adaptive": plain}}}
+    assert report.SECURED == SECURED  # the report reads results files without the harness
+    (cost,) = tls_cost(results)  # the bench model has no SASL_SSL run: nothing to compare
+    assert cost["model"] == "default" and cost["saturation_ratio"] == 0.75
+    assert cost["plaintext_per_s"] == 10_000 and cost["sasl_ssl_per_s"] == 7_500
+    low, middle, high = cost["points"]
+    assert low["p99_difference_ms"] == 4.5 and low["plaintext_p99_ms"] == 20.0 and low["sasl_ssl_p99_ms"] == 24.5
+    # A lower bound says how far it got at least, not by how much it differs.
+    assert middle["p99_difference_ms"] is None and middle["sasl_ssl_lower_bound"]
+    assert high["sasl_ssl_overloaded"] and high["sasl_ssl_p99_ms"] is None and high["p99_difference_ms"] is None
+
+
+def test_the_markdown_says_what_tls_costs() -> None:
+    plain = _mode(10_000, _point(0.5, 5_000, 30.0))
+    results = {
+        "machine": {"cpus": 2, "cpu": "x", "memory_gib": 1, "python": "3", "kafka": "4", "load_average": [0.0]},
+        "plan": {"sat_records": 1, "cards": 1, "ceiling_records": 1, "sat_cap_s": 1, "loads": [0.5],
+                 "load_seconds": 1, "drain_cap_s": 1},
+        "command": "bench", "duration_s": 1, "targets": [], "ort": {"default": [{"batch_size": 1, "rows_per_s": 1,
+                                                                                "p50_ms": 1, "p99_ms": 1}]},
+        "models": {"default": {"tag": "m@1"}},
+        "modes": {"default": {"seam-adaptive": plain, SECURED: _mode(8_000, _point(0.5, 5_000, 42.3))}},
+    }
+    text = markdown(results)
+    assert "### What TLS costs" in text and "second, secured broker" in text
+    assert "saturation **80%** of plaintext's (8,000 vs 10,000 events/s); p99 +12.3 ms at 50%" in text
+    assert "| default | 50% | 5,000 | 30.0 | 42.3 | +12.3 |" in text
+    assert "| seam adaptive, SASL_SSL | 8,000 | 0.80 |" in text
+    results["modes"]["default"].pop(SECURED)
+    results["skipped"] = {SECURED: "no keytool"}
+    assert "### What TLS costs\n\nNot measured in this run: no keytool." in markdown(results)
+
+
+def test_a_worker_connects_as_the_connection_does_with_its_password_in_a_file(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read here")
+    connection = Connection("127.0.0.1:9999", "SASL_SSL", "SCRAM-SHA-512", "admin", "s3cr3t", str(ca))
+    env = worker_settings(connection, tmp_path)
+    assert "s3cr3t" not in "".join(env.values())
+    assert Settings.from_env(env).kafka == connection
+    assert worker_settings(Connection("127.0.0.1:9092"), tmp_path) == {
+        "SEAM_BROKER_URL": "kafka://127.0.0.1:9092", "SEAM_SECURITY_PROTOCOL": "PLAINTEXT"}
+
+
+def test_without_keytool_the_secured_broker_says_so_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("bench.secured.shutil.which", lambda _name: None)
+    broker = SecuredBroker()
+    with pytest.raises(MissingKeytool, match="keytool"), broker:
+        pass
+    assert broker.run_dir is None  # nothing made, nothing to remove
