@@ -9,8 +9,9 @@
 It starts a local broker on ``--port`` unless one answers there (and stops only one it started), creates
 fresh topics (outputs with ``LogAppendTime``), starts ``seam worker`` with ``--seam-env`` settings, sends
 transactions on a fixed schedule, and measures each prediction's broker append time minus its input's
-timestamp. Every ``--window`` seconds it prints p50/p99/max latency, the worker's resident memory, its
-event-loop lag (``seam_event_loop_lag_seconds``) and its state cache (``seam_state_cached_*``). With
+timestamp. Every ``--window`` seconds it prints p50/p99/max latency, the worker's resident memory, its CPU
+time per event (all threads, and the event loop's: read from the kernel, so comparable on a busy machine),
+its event-loop lag (``seam_event_loop_lag_seconds``) and its state cache (``seam_state_cached_*``). With
 ``--out`` the windows are also written as JSON. Everything started is stopped at the end, also on Ctrl-C.
 
 A card's state keeps about two hours of its events (the replay horizon), so a real-time soak shorter
@@ -65,8 +66,27 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time the process has used so far (user + system, every thread) and its main thread's (the event loop).
+
+    Read from the kernel, not timed on a clock: it does not grow when the machine is busy with other work,
+    so what a window costs per event can be compared between runs on a noisy machine.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def used(stat: Path) -> float:
+        fields = stat.read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15 of stat)
+
+    try:
+        return used(Path(f"/proc/{pid}/stat")), used(Path(f"/proc/{pid}/task/{pid}/stat"))
+    except OSError:
+        return float("nan"), float("nan")
+
+
 # The worker's metrics each window reports (cumulative): the state cache, and the collector's pauses by generation.
-REPORTED = ("seam_state_cache", "seam_gc_pause_seconds_sum", "seam_gc_pause_seconds_count")
+REPORTED = ("seam_state_cache", "seam_gc_pause_seconds_sum", "seam_gc_pause_seconds_count", "seam_batch_size_count",
+            "seam_batch_size_sum")
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -182,11 +202,18 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
         producing = asyncio.create_task(produce(bootstrap, source, args.rate, args.duration, args.cards, sent_ms,
                                                 args.time_lapse))
         report: list[dict[str, Any]] = []
+        cpu_before = cpu_seconds(worker.pid)
+        per_window = args.rate * args.window
         for index in range(len(windows)):
             await asyncio.sleep(max(0.0, started + (index + 1) * args.window - time.time()))
+            cpu = cpu_seconds(worker.pid)
             report.append({"window": index, "rss_mb": round(rss_mb(worker.pid), 1),
+                           # CPU per event offered in the window: the whole worker, and its event loop's thread
+                           "cpu_us_per_event": round((cpu[0] - cpu_before[0]) / per_window * 1e6, 1),
+                           "loop_cpu_us_per_event": round((cpu[1] - cpu_before[1]) / per_window * 1e6, 1),
                            "loop_lag_max_ms_so_far": loop_lag_max_ms(metrics_url),
                            **{k: v for k, v in scrape(metrics_url).items() if k.startswith(REPORTED)}})
+            cpu_before = cpu
         await producing
         await asyncio.sleep(args.drain)
         with contextlib.suppress(OSError), urllib.request.urlopen(metrics_url, timeout=2) as response:  # noqa: S310
