@@ -7,8 +7,9 @@
 Without ``--bootstrap`` it uses the broker of ``scripts/kafka_local.py`` on ``$KAFKA_PORT`` (9092), starting
 it if it is not running and stopping it afterwards if it started it. The SASL_SSL mode (``seam-sasl-ssl``)
 runs on a second, secured local broker (``kafka_local.py up --secure`` on free ports) that the run starts
-and stops; without the JDK's ``keytool`` that broker cannot make its certificates, and the mode is skipped
-with a message saying so. It writes ``bench-results.json`` and
+and stops (``--secured-bootstrap`` and the other ``--secured-*`` options name a SASL_SSL cluster already
+running instead); without the JDK's ``keytool`` that broker cannot make its certificates, and the mode is
+skipped with a message saying so. It writes ``bench-results.json`` and
 the plots (``bench-*.png``) into ``--out`` and, with ``--write``, replaces the "End to end" section of that
 Markdown file.
 """
@@ -59,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small and short: checks the harness, not speed")
     parser.add_argument("--bootstrap", help="use this broker (host:port) instead of the local one")
+    parser.add_argument("--secured-bootstrap", metavar="HOST:PORT",
+                        help="the SASL_SSL mode's cluster (default: a secured local broker the run starts), as "
+                             "--secured-user with the password in --secured-password-file, trusting --secured-ca")
+    parser.add_argument("--secured-user", default="admin", help="with --secured-bootstrap: the SCRAM user (one the "
+                        "cluster's ACLs let create, read and write the run's topics and groups)")
+    parser.add_argument("--secured-password-file", type=Path, help="with --secured-bootstrap: the user's password")
+    parser.add_argument("--secured-ca", type=Path, help="with --secured-bootstrap: the CA of the brokers' certificates")
+    parser.add_argument("--secured-mechanism", default="SCRAM-SHA-512", help="with --secured-bootstrap (default: "
+                        "%(default)s)")
     parser.add_argument("--out", type=Path, default=ROOT / ".data" / "bench", help="folder for JSON and plots")
     parser.add_argument("--write", type=Path, help="replace the 'End to end' section of this Markdown file")
     parser.add_argument("--models", help="comma separated: default, bench (default: both; with --quick: default)")
@@ -120,6 +130,18 @@ class LocalBroker:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
+def given_cluster(args: argparse.Namespace) -> Connection:
+    """The SASL_SSL mode's cluster named by ``--secured-*`` (one already running)."""
+    if args.secured_password_file is None:
+        raise SystemExit("bench: --secured-bootstrap needs --secured-password-file")
+    try:
+        password = args.secured_password_file.read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise SystemExit(f"bench: cannot read --secured-password-file: {exc.strerror}") from None
+    return Connection(args.secured_bootstrap, "SASL_SSL", args.secured_mechanism, args.secured_user, password,
+                      str(args.secured_ca or ""))
+
+
 async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[str, Any]:
     """Run the plan against ``bootstrap``; write the JSON, the plots and the Markdown section."""
     from bench import report
@@ -130,7 +152,9 @@ async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[st
     skipped: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
         secured: Connection | None = None
-        if SECURED in plan.modes:
+        if SECURED in plan.modes and args.secured_bootstrap:
+            secured = given_cluster(args)
+        elif SECURED in plan.modes:
             # Up for the whole run, so that every mode shares the machine with the same two brokers.
             try:
                 secured = stack.enter_context(SecuredBroker())

@@ -4,6 +4,7 @@ workers as real subprocesses."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -16,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from app.localhost import free_port
+from tests.integration.kafka_helpers import Secured
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_LOCAL = ROOT / "scripts" / "kafka_local.py"
 REGISTRY_LOCAL = ROOT / "scripts" / "registry_local.py"
+SECURED_USERS = ("worker", "operator", "intruder")
 
 
 @pytest.fixture(scope="module", params=["slices", "indexed"])
@@ -63,6 +66,24 @@ def kafka_bootstrap() -> Iterator[str]:
         with _local_service(KAFKA_LOCAL, "Kafka", "--port", str(port), "--controller-port", str(controller_port),
                             "--run-dir", str(run_dir)):
             yield f"127.0.0.1:{port}"
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def secured() -> Iterator[Secured]:
+    """A secured broker for the session (SASL_SSL, SCRAM-SHA-512, nothing allowed without an ACL), with the users
+    ``worker``, ``operator`` and ``intruder``; the benchmark's SASL_SSL mode and the secured tests share it."""
+    port, controller_port = free_port(), free_port()
+    run_dir = Path(tempfile.mkdtemp(prefix="seam-kafka-secure-"))
+    passwords = {user: secrets.token_urlsafe(12) for user in SECURED_USERS}
+    users = [arg for user, password in passwords.items() for arg in ("--user", f"{user}={password}")]
+    options = ["--secure", "--port", str(port), "--controller-port", str(controller_port), "--run-dir", str(run_dir)]
+    try:
+        with _local_service(KAFKA_LOCAL, "the secured Kafka broker", *options, *users):
+            # The broker's own super user (made at its start): only the tests read what nobody else was granted.
+            passwords["admin"] = (run_dir / "secure" / "admin.password").read_text()
+            yield Secured(f"127.0.0.1:{port}", run_dir / "secure" / "ca.pem", run_dir, passwords)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

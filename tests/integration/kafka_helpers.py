@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
+import subprocess
 import sys
 import time
 import urllib.request
@@ -223,3 +225,35 @@ def with_features(out: dict[str, list[dict[str, Any]]], topics: Topics) -> list[
 def prepare_topics(bootstrap: str | Connection, topics: Topics, partitions: int = 4) -> None:
     asyncio.run(ensure_topics(bootstrap, [topics.input, topics.predictions, topics.dlq, topics.late,
                                           topics.features], partitions))
+
+
+KAFKA_LOCAL = Path(__file__).resolve().parents[2] / "scripts" / "kafka_local.py"
+
+
+@dataclass
+class Secured:
+    """A secured broker (SASL_SSL, SCRAM-SHA-512, ACLs required): where it is, the CA its certificate chains to,
+    and each principal's password (its super user ``admin`` too)."""
+
+    bootstrap: str
+    ca_file: Path
+    run_dir: Path
+    passwords: dict[str, str]
+
+    def connection(self, user: str) -> Connection:
+        return Connection(self.bootstrap, "SASL_SSL", "SCRAM-SHA-512", user, self.passwords[user], str(self.ca_file))
+
+    def env(self, user: str, *, password: str | None = None) -> dict[str, str]:
+        """A worker's or a command's settings as ``user`` (the password through a file, as a mounted secret)."""
+        secret = self.run_dir / f"{user}-{secrets.token_hex(4)}.password"
+        secret.write_text((self.passwords[user] if password is None else password) + "\n")
+        return {"SEAM_BROKER_URL": f"kafka://{self.bootstrap}", "SEAM_SECURITY_PROTOCOL": "SASL_SSL",
+                "SEAM_SASL_MECHANISM": "SCRAM-SHA-512", "SEAM_SASL_USERNAME": user,
+                "SEAM_SASL_PASSWORD_FILE": str(secret), "SEAM_SSL_CA_FILE": str(self.ca_file)}
+
+    def tools(self, lines: list[str]) -> subprocess.CompletedProcess[str]:
+        """Kafka's tools, one command line after another in one JVM, as the broker's admin user."""
+        port = self.bootstrap.rsplit(":", 1)[1]
+        return subprocess.run([sys.executable, str(KAFKA_LOCAL), "tools"], input="\n".join(lines),
+                              capture_output=True, text=True,
+                              env=worker_env({"KAFKA_PORT": port, "KAFKA_RUN_DIR": str(self.run_dir)}))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness import CEILING, MODES, SECURED
+from tests.integration.kafka_helpers import Secured
 
 pytestmark = pytest.mark.integration
 
@@ -21,12 +22,17 @@ ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_quick_bench_runs_every_mode_with_identical_predictions(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_quick_bench_runs_every_mode_with_identical_predictions(
+        kafka_bootstrap: str, secured: Secured, tmp_path: Path) -> None:
     doc = tmp_path / "BENCHMARKS.md"
     doc.write_text("# Benchmarks\n\nintro\n\n## Ingestion\n\nkept\n")
+    # The SASL_SSL mode on the session's secured broker, as its super user (no ACL to look up: TLS and SASL alone)
+    password = tmp_path / "admin.password"
+    password.write_text(secured.passwords["admin"])
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--bootstrap", kafka_bootstrap, "--out", str(tmp_path),
-         "--write", str(doc)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+         "--write", str(doc), "--secured-bootstrap", secured.bootstrap, "--secured-password-file", str(password),
+         "--secured-ca", str(secured.ca_file)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     results = json.loads((tmp_path / "bench-results.json").read_text())
 

@@ -1,6 +1,7 @@
 """seam on a secured cluster: SASL_SSL (SCRAM-SHA-512), ACLs from ``seam acls``, three principals.
 
-One broker for the module (``scripts/kafka_local.py up --secure``): TLS with a CA made at its start,
+One broker for the session (the ``secured`` fixture: ``scripts/kafka_local.py up --secure``, which the
+benchmark's SASL_SSL mode shares): TLS with a CA made at its start,
 StandardAuthorizer with nothing allowed without an ACL. The **worker** gets exactly what ``seam acls``
 grants it, the **operator** what it grants the operator, the **intruder** nothing. Everything a run
 writes (worker logs, data folders, command output) is searched for the passwords afterwards.
@@ -11,13 +12,10 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -29,61 +27,19 @@ from app.acls import acls
 from app.localhost import free_port, worker_env
 from app.settings import Settings
 from app.synthetic import TransactionGenerator
-from tables.kafka import Connection, client_options
-from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw
+from tables.kafka import client_options
+from tests.integration.kafka_helpers import (
+    Secured,
+    Topics,
+    Worker,
+    collect,
+    encode,
+    prepare_topics,
+    produce_raw,
+)
 from tests.integration.test_kill import sigkills_lose_nothing
 
 ROOT = Path(__file__).resolve().parents[2]
-KAFKA_LOCAL = ROOT / "scripts" / "kafka_local.py"
-USERS = ("worker", "operator", "intruder")
-
-
-@dataclass
-class Secured:
-    """The secured broker: where it is, the CA its certificate chains to, and each principal's password."""
-
-    bootstrap: str
-    ca_file: Path
-    run_dir: Path
-    passwords: dict[str, str]
-
-    def connection(self, user: str) -> Connection:
-        return Connection(self.bootstrap, "SASL_SSL", "SCRAM-SHA-512", user, self.passwords[user], str(self.ca_file))
-
-    def env(self, user: str, *, password: str | None = None) -> dict[str, str]:
-        """A worker's or a command's settings as ``user`` (the password through a file, as a mounted secret)."""
-        secret = self.run_dir / f"{user}-{secrets.token_hex(4)}.password"
-        secret.write_text((self.passwords[user] if password is None else password) + "\n")
-        return {"SEAM_BROKER_URL": f"kafka://{self.bootstrap}", "SEAM_SECURITY_PROTOCOL": "SASL_SSL",
-                "SEAM_SASL_MECHANISM": "SCRAM-SHA-512", "SEAM_SASL_USERNAME": user,
-                "SEAM_SASL_PASSWORD_FILE": str(secret), "SEAM_SSL_CA_FILE": str(self.ca_file)}
-
-    def tools(self, lines: list[str]) -> subprocess.CompletedProcess[str]:
-        """Kafka's tools, one command line after another in one JVM, as the broker's admin user."""
-        port = self.bootstrap.rsplit(":", 1)[1]
-        return subprocess.run([sys.executable, str(KAFKA_LOCAL), "tools"], input="\n".join(lines),
-                              capture_output=True, text=True,
-                              env=worker_env({"KAFKA_PORT": port, "KAFKA_RUN_DIR": str(self.run_dir)}))
-
-
-@pytest.fixture(scope="module")
-def secured() -> Iterator[Secured]:
-    port, controller_port = free_port(), free_port()
-    run_dir = Path(tempfile.mkdtemp(prefix="seam-kafka-secure-"))
-    passwords = {user: secrets.token_urlsafe(12) for user in USERS}
-    users = [arg for user, password in passwords.items() for arg in ("--user", f"{user}={password}")]
-    options = ["--secure", "--port", str(port), "--controller-port", str(controller_port), "--run-dir", str(run_dir)]
-    started = subprocess.run([sys.executable, str(KAFKA_LOCAL), "up", *options, *users], capture_output=True,
-                             text=True)
-    if started.returncode != 0:
-        pytest.fail(f"could not start the secured broker:\n{started.stdout}\n{started.stderr}")
-    # The broker's own super user (made at its start): only the test reads what nobody else was granted.
-    passwords["admin"] = (run_dir / "secure" / "admin.password").read_text()
-    try:
-        yield Secured(f"127.0.0.1:{port}", run_dir / "secure" / "ca.pem", run_dir, passwords)
-    finally:
-        subprocess.run([sys.executable, str(KAFKA_LOCAL), "down", *options], capture_output=True, text=True)
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def seam(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
