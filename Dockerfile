@@ -15,18 +15,24 @@ RUN if ! command -v python3 >/dev/null; then \
 ENV PATH=/opt/seam/bin:$PATH
 
 WORKDIR /srv/seam
-COPY pyproject.toml README.md ./
+# Dependencies first, in a layer of their own: it is rebuilt only when pyproject.toml or the wheelhouse
+# changes, not with every change to seam's sources (onnxruntime alone is hundreds of megabytes to install).
+COPY pyproject.toml ./
+COPY docker/wheels /tmp/wheels
+RUN python3 -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+      > /tmp/requirements.txt \
+    && if [ "$OFFLINE" = true ]; then \
+      pip install --no-index --find-links /tmp/wheels -r /tmp/requirements.txt 'setuptools>=77' wheel ; \
+    else \
+      pip install --upgrade pip && pip install -r /tmp/requirements.txt 'setuptools>=77' wheel ; \
+    fi && rm -rf /tmp/wheels /tmp/requirements.txt
+COPY README.md ./
 COPY app ./app
 COPY agents ./agents
 COPY tables ./tables
 COPY specs ./specs
 COPY models ./models
-COPY docker/wheels /tmp/wheels
-RUN if [ "$OFFLINE" = true ]; then \
-      pip install --no-index --find-links /tmp/wheels . ; \
-    else \
-      pip install --upgrade pip && pip install . ; \
-    fi && rm -rf /tmp/wheels
+RUN pip install --no-deps --no-build-isolation --no-index .
 
 # The worker runs as a user of its own, never as root; its state folder is the one place it writes.
 # (Written into /etc/passwd directly: a minimal Debian base has no useradd.)

@@ -7,7 +7,7 @@ host, for machines whose containers reach neither public images nor the index.
 
 * ``seam-base:bookworm``: ``mmdebstrap --variant=minbase`` of Debian bookworm with Python 3.11, imported into
   Docker (about 20 s). Containers built on it use ``apt-get`` against Debian's mirrors as the host does.
-* ``docker/wheels``: ``pip wheel`` of the project and its dependencies, on the host (the worker image installs
+* ``docker/wheels``: ``pip wheel`` of the project's dependencies, on the host (the worker image installs
   from it with ``--no-index``).
 * The images of ``docker-compose.local.yml`` (the worker, Kafka from ``.cache/kafka``'s jars, Prometheus),
   built by ``docker-compose build``.
@@ -57,6 +57,10 @@ def wheelhouse() -> None:
     # setuptools and wheel too: the image builds seam's own wheel from its sources without the index.
     run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(WHEELS), str(ROOT),
          "setuptools>=77", "wheel"])
+    # seam's own wheel differs with every build of it; the image builds seam from its sources in a later layer,
+    # so the wheelhouse (and the image's layer of dependencies) stays the same until a dependency changes.
+    for own in WHEELS.glob("seam-*.whl"):
+        own.unlink()
 
 
 def main() -> int:
