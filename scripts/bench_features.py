@@ -10,6 +10,11 @@ in arrival order. One process, one core.
 ``--hot N`` also measures hot keys: one card whose largest window (one hour) holds N events, against
 one whose window holds 10, both fed one event at a time with event times jittered by up to a second
 (some arrive out of order), each measured once its window is full.
+
+``--one-key RATE`` follows one key at RATE events per second of event time for ``--hours`` (1) and reports,
+every tenth of it, the events its state holds, their memory (``tables.features.memory_bytes``) and the bytes
+its table holds (``tables.key_store``: the header and sealed chunks, as a flush writes them), with the
+microseconds per event of that stretch: what exact windows make a key's state cost as its rate grows.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import random
 import time
 
 from app.synthetic import TransactionGenerator
-from tables.features import Watermark, apply_event, new_state
+from tables.features import Watermark, apply_event, memory_bytes, new_state
+from tables.key_store import Stored, changes, stored_key
 
 
 def run(events: list[dict], batch_size: int, lateness_ms: int) -> tuple[float, int, int]:
@@ -57,13 +63,57 @@ def per_event_us(in_window: int, measured: int, seed: int = 5) -> tuple[float, i
     return (time.perf_counter() - started) / measured * 1e6, len(state["ts"])
 
 
+def one_key(rate: float, hours: float, seed: int = 5) -> list[dict[str, float]]:
+    """One key at ``rate`` events per second of event time for ``hours``: its state's size every tenth of the run.
+
+    The key's state is written as a flush writes it once a second of event time, from what the table holds of it
+    packed as the state cache keeps it (the table's copy kept in ``written``: a rewritten chunk replaces its
+    earlier version), so ``table_mb`` is what its table holds.
+    """
+    rng = random.Random(seed)
+    state, stored, key = new_state(), Stored(), stored_key("one-key")
+    written: dict[bytes, int] = {}
+    total = int(rate * hours * 3600)
+    step_ms, touched, rows = 1000 / rate, [], []
+    started = time.perf_counter()
+    for i in range(total):
+        ts = int(i * step_ms)
+        apply_event(state, f"e{i:09d}", ts, (round(rng.uniform(1, 500), 2), f"m-{rng.randrange(50)}"),
+                    allowed_lateness_ms=60_000)
+        touched.append(ts)
+        if (i + 1) % max(1, int(rate)) == 0 or i == total - 1:  # a flush per second of event time
+            stored = Stored.unpacked(stored.packed())  # as the state cache holds it between writes
+            for table_key, value in changes(key, state, stored, touched):
+                if value is None:
+                    written.pop(table_key, None)
+                else:
+                    written[table_key] = len(table_key) + len(value)
+            touched = []
+        if (i + 1) % max(1, total // 10) == 0:
+            held = len(state["ts"])
+            rows.append({"event_time_s": round(ts / 1000), "events_held": held, "memory_mb": memory_bytes(held) / 1e6,
+                         "table_mb": sum(written.values()) / 1e6,
+                         "us_per_event": (time.perf_counter() - started) / (total // 10) * 1e6})
+            started = time.perf_counter()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=500_000)
     parser.add_argument("--cards", type=int, default=10_000)
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--hot", type=int, default=0, metavar="N", help="also: a key with N events in its window")
+    parser.add_argument("--one-key", type=float, default=0.0, metavar="RATE",
+                        help="only: one key at RATE events per second of event time, its state's size")
+    parser.add_argument("--hours", type=float, default=1.0, help="with --one-key: hours of event time")
     args = parser.parse_args()
+    if args.one_key:
+        for row in one_key(args.one_key, args.hours):
+            print(f"one key at {args.one_key:g}/s, {row['event_time_s']:>6,} s of event time: "
+                  f"{row['events_held']:>7,} events held, {row['memory_mb']:6.1f} MB in memory, "
+                  f"{row['table_mb']:6.1f} MB in its table, {row['us_per_event']:5.1f} us per event")
+        return
     if args.hot:
         cold_us, cold_held = per_event_us(10, 20_000)
         hot_us, hot_held = per_event_us(args.hot, 5_000)
