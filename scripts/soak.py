@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -43,7 +44,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from app.localhost import Subprocess, free_port, worker_argv, worker_env
-from tables.kafka import client_options
+from tables.kafka import append, client_options, partition_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kafka_local  # noqa: E402
@@ -139,11 +140,27 @@ async def follow(bootstrap: str, topic: str, sent_ms: dict[str, int], windows: l
 
 async def produce(bootstrap: str, topic: str, rate: float, duration_s: float, cards: int,
                   sent_ms: dict[str, int], time_lapse: float) -> None:
+    """Send ``rate`` transactions a second; ``sent_ms[id]`` is each one's broker append time once acknowledged.
+
+    Each 2 ms step's records go out as one batch per partition (``send_batch``: about 4 µs a record here,
+    against 14-16 µs for a per-record ``send`` and its callback): the soak shares the machine with the worker
+    it measures. A batch's records share its append time (the topic's ``LogAppendTime``).
+    """
     generator = TransactionGenerator(cards=cards, seed=7, id_prefix=f"soak{uuid.uuid4().hex[:6]}",
                                      start_ms=int(time.time() * 1000), late_rate=0.0)
     producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", linger_ms=2)
     await producer.start()
+
+    def acknowledged(ids: list[str], done: asyncio.Future[Any]) -> None:
+        if done.exception() is None:
+            appended = done.result().timestamp
+            for tx_id in ids:
+                if tx_id in sent_ms:
+                    sent_ms[tx_id] = appended
+
     try:
+        count = len(await producer.partitions_for(topic))
+        partition_by_key: dict[bytes, int] = {}
         started, sent = time.monotonic(), 0
         origin_ms = int(time.time() * 1000)
         # Event time runs K times faster than the wall clock and reaches it at the end of the run: never ahead
@@ -151,16 +168,31 @@ async def produce(bootstrap: str, topic: str, rate: float, duration_s: float, ca
         event_origin_ms = origin_ms - int(duration_s * 1000 * (time_lapse - 1))
         total = int(rate * duration_s)
         while sent < total:
-            due = int((time.monotonic() - started) * rate) + 1
-            while sent < min(due, total):
+            due = min(total, int((time.monotonic() - started) * rate) + 1)
+            now_ms = int(time.time() * 1000)
+            # Event time = now (times K from the start): the horizon fills as in production, K times faster.
+            event_ms = event_origin_ms + int((now_ms - origin_ms) * time_lapse)
+            batches: dict[int, tuple[Any, list[str]]] = {}
+            while sent < due:
                 tx = next(generator)[0]
-                # Event time = now (times K from the start): the horizon fills as in production, K times faster.
-                tx["ts"] = event_origin_ms + int((time.time() * 1000 - origin_ms) * time_lapse)
-                future = await producer.send(topic, orjson.dumps(tx), key=tx["card_id"].encode())
-                sent_ms[tx["id"]] = int(time.time() * 1000)
-                future.add_done_callback(lambda f, i=tx["id"]: sent_ms.__setitem__(i, f.result().timestamp)
-                                         if i in sent_ms and not f.exception() else None)
+                tx["ts"] = event_ms
+                key = tx["card_id"].encode()
+                partition = partition_by_key.get(key)
+                if partition is None:
+                    partition = partition_by_key[key] = partition_of(key, count)
+                batch, ids = batches.get(partition) or (producer.create_batch(), [])
+                batch, full = append(batch, producer.create_batch, key, orjson.dumps(tx))
+                if full is not None:
+                    future = await producer.send_batch(full, topic, partition=partition)
+                    future.add_done_callback(functools.partial(acknowledged, ids))
+                    ids = []
+                ids.append(tx["id"])
+                batches[partition] = batch, ids
+                sent_ms[tx["id"]] = now_ms
                 sent += 1
+            for partition, (batch, ids) in batches.items():
+                future = await producer.send_batch(batch, topic, partition=partition)
+                future.add_done_callback(functools.partial(acknowledged, ids))
             await asyncio.sleep(0.002)
         await producer.flush()
     finally:
