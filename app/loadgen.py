@@ -8,6 +8,7 @@ Records are partitioned as Kafka's default partitioner does (murmur2 of the key)
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ async def produce(
     partitions: int = 8,
     on_progress: Callable[[int, int], None] | None = None,
     on_sent: Callable[[dict[str, Any], int], None] | None = None,
+    on_acked: Callable[[list[dict[str, Any]], int], None] | None = None,
     stop: Callable[[], bool] | None = None,
     encode: Callable[[dict[str, Any]], bytes] = orjson.dumps,
 ) -> ProduceReport:
@@ -60,6 +62,8 @@ async def produce(
     ``encode`` turns a record into its value (JSON by default; an :class:`agents.formats.avro.AvroWriter` for
     Avro). Each record's Kafka timestamp is the wall-clock time (epoch ms) at which it was handed to the
     producer; ``on_sent(record, timestamp_ms)`` is told it (the benchmark measures latency from it).
+    ``on_acked(records, timestamp_ms)`` is told each batch's records once the broker has them, with the
+    timestamp it returned: the broker's append time on a ``LogAppendTime`` topic, else the producer's.
     """
     if rate <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be positive")
@@ -70,6 +74,17 @@ async def produce(
     total = int(rate * duration_s)
     sent = positive = 0
     pending: list[asyncio.Future[object]] = []
+
+    def acknowledged(records: list[dict[str, Any]], done: asyncio.Future[Any]) -> None:
+        if on_acked is not None and not done.cancelled() and done.exception() is None:
+            on_acked(records, done.result().timestamp)
+
+    async def send(batch: Any, partition: int, records: list[dict[str, Any]]) -> asyncio.Future[Any]:
+        future = await producer.send_batch(batch, topic, partition=partition)
+        if on_acked is not None:
+            future.add_done_callback(functools.partial(acknowledged, records))
+        return future
+
     try:
         count = len(await producer.partitions_for(topic))
         partitions_by_key: dict[bytes, int] = {}
@@ -77,25 +92,27 @@ async def produce(
         while sent < total and not (stop is not None and stop()):
             due = min(total, int((time.monotonic() - started) * rate) + 1)
             now_ms = int(time.time() * 1000)
-            batches: dict[int, Any] = {}
+            batches: dict[int, tuple[Any, list[dict[str, Any]]]] = {}
             while sent < due:
                 tx, is_positive = next(generator)
                 key = tx[key_field].encode()
                 partition = partitions_by_key.get(key)
                 if partition is None:
                     partition = partitions_by_key[key] = partition_of(key, count)
-                batch = batches.get(partition)
-                if batch is None:
-                    batch = producer.create_batch()
-                batches[partition], full = append(batch, producer.create_batch, key, encode(tx), now_ms)
+                batch, records = batches.get(partition) or (producer.create_batch(), [])
+                batch, full = append(batch, producer.create_batch, key, encode(tx), now_ms)
                 if full is not None:
-                    pending.append(await producer.send_batch(full, topic, partition=partition))
+                    pending.append(await send(full, partition, records))
+                    records = []
+                if on_acked is not None:
+                    records.append(tx)
+                batches[partition] = batch, records
                 if on_sent is not None:
                     on_sent(tx, now_ms)
                 sent += 1
                 positive += is_positive
-            for partition, batch in batches.items():
-                pending.append(await producer.send_batch(batch, topic, partition=partition))
+            for partition, (batch, records) in batches.items():
+                pending.append(await send(batch, partition, records))
             if len(pending) > 1000:
                 await asyncio.gather(*pending)
                 pending.clear()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import subprocess
@@ -36,19 +35,21 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 
 from app.localhost import Subprocess, free_port, worker_argv, worker_env
-from tables.kafka import append, client_options, partition_of
+from tables.kafka import client_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kafka_local  # noqa: E402
 
+from app import loadgen  # noqa: E402
 from app.synthetic import TransactionGenerator  # noqa: E402
 from app.topics import ensure_topics  # noqa: E402
 from bench.promtext import fetch, histograms  # noqa: E402
@@ -140,63 +141,29 @@ async def follow(bootstrap: str, topic: str, sent_ms: dict[str, int], windows: l
 
 async def produce(bootstrap: str, topic: str, rate: float, duration_s: float, cards: int,
                   sent_ms: dict[str, int], time_lapse: float) -> None:
-    """Send ``rate`` transactions a second; ``sent_ms[id]`` is each one's broker append time once acknowledged.
-
-    Each 2 ms step's records go out as one batch per partition (``send_batch``: about 4 µs a record here,
-    against 14-16 µs for a per-record ``send`` and its callback): the soak shares the machine with the worker
-    it measures. A batch's records share its append time (the topic's ``LogAppendTime``).
-    """
+    """Send ``rate`` transactions a second (:func:`app.loadgen.produce`); ``sent_ms[id]`` is each one's broker
+    append time once acknowledged (a batch's records share it: the topic's ``LogAppendTime``)."""
     generator = TransactionGenerator(cards=cards, seed=7, id_prefix=f"soak{uuid.uuid4().hex[:6]}",
                                      start_ms=int(time.time() * 1000), late_rate=0.0)
-    producer = AIOKafkaProducer(**client_options(bootstrap), acks="all", linger_ms=2)
-    await producer.start()
+    origin_ms = int(time.time() * 1000)
+    # Event time runs K times faster than the wall clock and reaches it at the end of the run: never ahead
+    # of the records' Kafka timestamps (the worker refuses those: SEAM_MAX_FUTURE_S).
+    event_origin_ms = origin_ms - int(duration_s * 1000 * (time_lapse - 1))
 
-    def acknowledged(ids: list[str], done: asyncio.Future[Any]) -> None:
-        if done.exception() is None:
-            appended = done.result().timestamp
-            for tx_id in ids:
-                if tx_id in sent_ms:
-                    sent_ms[tx_id] = appended
-
-    try:
-        count = len(await producer.partitions_for(topic))
-        partition_by_key: dict[bytes, int] = {}
-        started, sent = time.monotonic(), 0
-        origin_ms = int(time.time() * 1000)
-        # Event time runs K times faster than the wall clock and reaches it at the end of the run: never ahead
-        # of the records' Kafka timestamps (the worker refuses those: SEAM_MAX_FUTURE_S).
-        event_origin_ms = origin_ms - int(duration_s * 1000 * (time_lapse - 1))
-        total = int(rate * duration_s)
-        while sent < total:
-            due = min(total, int((time.monotonic() - started) * rate) + 1)
-            now_ms = int(time.time() * 1000)
+    def time_lapsed() -> Iterator[tuple[dict[str, Any], bool]]:
+        for tx, positive in generator:
             # Event time = now (times K from the start): the horizon fills as in production, K times faster.
-            event_ms = event_origin_ms + int((now_ms - origin_ms) * time_lapse)
-            batches: dict[int, tuple[Any, list[str]]] = {}
-            while sent < due:
-                tx = next(generator)[0]
-                tx["ts"] = event_ms
-                key = tx["card_id"].encode()
-                partition = partition_by_key.get(key)
-                if partition is None:
-                    partition = partition_by_key[key] = partition_of(key, count)
-                batch, ids = batches.get(partition) or (producer.create_batch(), [])
-                batch, full = append(batch, producer.create_batch, key, orjson.dumps(tx))
-                if full is not None:
-                    future = await producer.send_batch(full, topic, partition=partition)
-                    future.add_done_callback(functools.partial(acknowledged, ids))
-                    ids = []
-                ids.append(tx["id"])
-                batches[partition] = batch, ids
-                sent_ms[tx["id"]] = now_ms
-                sent += 1
-            for partition, (batch, ids) in batches.items():
-                future = await producer.send_batch(batch, topic, partition=partition)
-                future.add_done_callback(functools.partial(acknowledged, ids))
-            await asyncio.sleep(0.002)
-        await producer.flush()
-    finally:
-        await producer.stop()
+            tx["ts"] = event_origin_ms + int((time.time() * 1000 - origin_ms) * time_lapse)
+            yield tx, positive
+
+    def acknowledged(records: list[dict[str, Any]], appended_ms: int) -> None:
+        for tx in records:
+            if tx["id"] in sent_ms:
+                sent_ms[tx["id"]] = appended_ms
+
+    await loadgen.produce(bootstrap, topic, rate=rate, duration_s=duration_s, generator=time_lapsed(),
+                          partitions=PARTITIONS, on_sent=lambda tx, now_ms: sent_ms.__setitem__(tx["id"], now_ms),
+                          on_acked=acknowledged)
 
 
 async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
