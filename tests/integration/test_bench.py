@@ -62,13 +62,10 @@ def test_quick_bench_runs_every_mode_with_identical_predictions(
     assert stages["end_to_end"]["p99_ms"] >= stages["queue"]["p50_ms"] > 0, stages
     ceiling = results["ceiling_a"]
     assert ceiling["saturation"]["outputs"] == results["plan"]["ceiling_records"]
-    # The offered rate is half of seam adaptive's saturation, measured in a quick run on 1,000 records only (a
-    # burst of a few batches can make it look faster than the passthrough): the ceiling may be overloaded there.
+    # The offered rate is half of seam adaptive's saturation (measured on 5,000 records, twenty model batches: a
+    # burst of a few cannot make it look twice as fast as the passthrough), so the passthrough keeps up with it.
     (phase,) = ceiling["latency"]
-    overloaded = phase["offered_per_s"] > ceiling["saturation"]["events_per_s"]
-    assert phase.get("overloaded", False) == overloaded, phase
-    if not overloaded:
-        assert phase["answered"] > 0, phase
+    assert not phase.get("overloaded") and phase["answered"] > 0, (phase, ceiling["saturation"])
 
     # ONNX Runtime alone: both models, every batch size from 1 to 2048.
     assert set(results["ort"]) == {"default", "bench"}
