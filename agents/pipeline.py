@@ -14,6 +14,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -61,6 +62,9 @@ class Boundary(Protocol):
     """Where the pipeline hands its rows: a model boundary, or the models of a deployment (agents.model.models)."""
 
     async def submit_many(self, items: Sequence[tuple[Sequence[float], ScoringItem]]) -> None: ...
+
+    def holding(self) -> AbstractContextManager[None]:
+        """While held, rows handed in wait to leave together (a fetch handed over partition by partition)."""
 
 
 HANDLE_STEP_S = 0.002  # the most handling work in one event-loop turn, across batches (checked per 16 records)
@@ -124,6 +128,10 @@ class Pipeline:
         """Drop cached state and watermarks (after a rebalance the partitions may belong to others)."""
         self.cache.forget()
         self.handled.clear()
+
+    def holding(self) -> AbstractContextManager[None]:
+        """Around a fetch's hand-over: its partitions' rows reach the model as one batch, not one per part."""
+        return self._boundary.holding()
 
     async def handle(self, batch: RecordBatch) -> None:
         """Route, apply and submit one batch of records from one partition, in offset order."""

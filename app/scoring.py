@@ -21,6 +21,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
 import faust
@@ -495,6 +496,12 @@ class BatchIngestion:
         checkpoint = Checkpoint(app, scoring.guarantee, scoring)
         ingestion = ingest.install(app, checkpoint,
                                    fetch=ingest.FetchOptions(settings.fetch_min_bytes, settings.fetch_max_wait_ms))
+
+        def hand_over() -> AbstractContextManager[None]:
+            pipeline = scoring.pipeline
+            return nullcontext() if pipeline is None else pipeline.holding()
+
+        ingestion.hand_over = hand_over
 
         @ingestion.batch_agent(app, topic)
         async def score_batches(batch: RecordBatch) -> None:

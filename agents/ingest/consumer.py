@@ -42,7 +42,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -128,6 +128,8 @@ class Ingestion:
     commits: Commits
     fetch: FetchOptions = field(default_factory=FetchOptions)
     handlers: dict[str, BatchHandler] = field(default_factory=dict)
+    # Entered around each fetch's hand-over to the handlers (the pipeline's: its rows leave together).
+    hand_over: Callable[[], AbstractContextManager[None]] = nullcontext
 
     def batch_agent(self, app: AppT, topic: TopicT) -> Callable[[BatchHandler], BatchHandler]:
         """Register ``handler`` for every partition of ``topic`` (the topic joins the app's subscription)."""
@@ -344,18 +346,19 @@ class BatchConsumer(FaustConsumer):
                     continue
                 generation = self.app.consumer_generation_id
                 fetched = list(records.items())
-                for index, (tp, tp_records) in enumerate(fetched):
-                    if not self.flow_active or self.app.consumer_generation_id != generation:
-                        self._not_handed_on(dropped, fetched[index:])
-                        break
-                    if active is not None and tp not in active and tp not in self._buffered_partitions:
-                        self._not_handed_on(dropped, [(tp, tp_records)])
-                        continue
-                    handler = self.ingestion.handlers.get(tp.topic)
-                    if handler is None:
-                        self._not_handed_on(dropped, [(tp, await self._deliver_each(tp, tp_records))])
-                    else:
-                        await self._deliver_batch(tp, tp_records, handler)
+                with self.ingestion.hand_over():
+                    for index, (tp, tp_records) in enumerate(fetched):
+                        if not self.flow_active or self.app.consumer_generation_id != generation:
+                            self._not_handed_on(dropped, fetched[index:])
+                            break
+                        if active is not None and tp not in active and tp not in self._buffered_partitions:
+                            self._not_handed_on(dropped, [(tp, tp_records)])
+                            continue
+                        handler = self.ingestion.handlers.get(tp.topic)
+                        if handler is None:
+                            self._not_handed_on(dropped, [(tp, await self._deliver_each(tp, tp_records))])
+                        else:
+                            await self._deliver_batch(tp, tp_records, handler)
                 await self._rewind(dropped)
                 commit_every = self._commit_every
                 if commit_every is not None and self._n_acked >= commit_every and self.commits.commits_on_acks:

@@ -23,7 +23,8 @@ Adaptive mode (on by default in a worker) chooses the size target from two onlin
 
 Adaptive release is work-conserving:
 
-* **Idle:** when the inference thread is idle, whatever is waiting goes out at once. Under low load
+* **Idle:** when the inference thread is idle, whatever is waiting goes out at once (the boundary counts
+  the thread as busy while a fetch is being handed over in parts: ``ModelBoundary.holding``). Under low load
   every item finds the thread idle, so batches are small and queueing is near zero. Under high load
   items pile up while a batch runs and leave together when it finishes, so batches grow with load
   without any fixed wait.

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -128,6 +128,7 @@ class ModelBoundary(Generic[T]):
         self._tail: asyncio.Future[None] | None = None
         self._failure: BaseException | None = None
         self._flushing = 0
+        self._held = 0  # hand-overs in progress (see holding())
         self._running = 0  # batches dispatched whose inference has not finished
         self._sleep_until = float("inf")  # when the dispatch loop will look again unless woken
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seam-inference")
@@ -159,6 +160,21 @@ class ModelBoundary(Generic[T]):
             self._add(items[start:end])
             start = end
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """While held (a fetch being handed over in parts), an idle inference thread does not take what waits
+        at once: the parts leave together when the hand-over ends, unless the size, age or deadline bound
+        releases them sooner. Each batch costs the event loop far more than its inference (a thread hand-off
+        each way, its outputs' produce requests and their acknowledgements), so a fetch is one batch, not a
+        batch per part."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            if not self._held:
+                self._wakeup.set()
+
     def offer_many(self, items: Sequence[tuple[Sequence[float], T]]) -> int:
         """Queue as many of ``items`` as fit now, never waiting; return how many were taken (the first ones).
 
@@ -186,7 +202,7 @@ class ModelBoundary(Generic[T]):
             self._wakeup.set()
         elif batcher.sla_s is not None:
             # A bigger batch takes longer to run, so its deadline release moves earlier.
-            due = batcher.due_at(idle=self._running == 0)
+            due = batcher.due_at(idle=self._idle())
             if due is not None and due < self._sleep_until:
                 self._wakeup.set()
 
@@ -195,7 +211,7 @@ class ModelBoundary(Generic[T]):
         loop = asyncio.get_running_loop()
         while True:
             self._raise_failure()
-            due = self.batcher.due_at(idle=self._running == 0)
+            due = self.batcher.due_at(idle=self._idle())
             if due is not None and self._flushing:
                 due = min(due, self._clock())
             if due is None or self._clock() < due:
@@ -329,6 +345,11 @@ class ModelBoundary(Generic[T]):
             self._failure = exc
             self._wakeup.set()
             self._space.set()
+
+    def _idle(self) -> bool:
+        """Whether adaptive release may take what waits at once: the thread has nothing and no hand-over is
+        in progress."""
+        return self._running == 0 and not self._held
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

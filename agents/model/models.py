@@ -145,6 +145,15 @@ class ModelSet(Generic[ItemT]):
             if not served.submitting:
                 served.idle.set()
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold every boundary rows go to while a fetch is handed over (:meth:`ModelBoundary.holding`)."""
+        with contextlib.ExitStack() as stack:
+            for served in (self.primary, self.canary, self.shadow):
+                if served is not None:
+                    stack.enter_context(served.boundary.holding())
+            yield
+
     async def flush(self) -> None:
         """Release every row waiting at the scoring boundaries (those a swap is retiring included) and wait
         until it is delivered."""

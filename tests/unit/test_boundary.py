@@ -694,6 +694,51 @@ async def test_adaptive_items_pile_up_while_busy_and_leave_together(
     assert h.boundary.stats.deadline_misses == 0
 
 
+async def test_a_hand_over_in_parts_leaves_as_one_batch_while_held(harness: MakeHarness) -> None:
+    """Adaptive, idle thread: rows handed in parts (a fetch's partitions, the loop turning in between) while the
+    boundary is held leave together when the hold ends; without a hold the first part leaves alone."""
+    clock = FakeClock(1_000.0)
+    h = harness(max_batch_size=64, max_wait_ms=NEVER_MS, sla_ms=20.0, adaptive=True, clock=clock)
+    h.boundary.batcher.latency = FixedLatency(1 * MS, 0.01 * MS)
+    await h.submit(0)  # no rate known yet: released alone
+    await h.collector.wait_items(1)
+
+    async def hand_in(part: tuple[int, ...]) -> None:
+        clock.now += 0.1 * MS
+        await h.boundary.submit_many([(row(i), i) for i in part])
+        for _ in range(20):
+            await asyncio.sleep(0)  # the dispatch loop runs in between
+
+    with h.boundary.holding():
+        for part in ((1, 2), (3, 4), (5,)):
+            await hand_in(part)
+        assert h.boundary.waiting == 5 and len(h.collector.results) == 1  # below the size target: held
+    await h.collector.wait_items(6)
+    await hand_in((6, 7))  # no hold: the idle thread takes the first part at once
+    await h.collector.wait_items(8)
+    await hand_in((8,))
+    await h.collector.wait_items(9)
+    assert [r.items for r in h.collector.results] == [[0], [1, 2, 3, 4, 5], [6, 7], [8]]
+
+
+async def test_a_held_boundary_still_releases_by_size(harness: MakeHarness) -> None:
+    """A hold suspends only the idle release: a batch of the size target goes out during the hand-over."""
+    clock = FakeClock(1_000.0)
+    h = harness(max_batch_size=4, max_wait_ms=NEVER_MS, sla_ms=20.0, adaptive=True, clock=clock)
+    h.boundary.batcher.latency = FixedLatency(1 * MS, 0.01 * MS)
+    await h.submit(0)
+    await h.collector.wait_items(1)
+    with h.boundary.holding():
+        clock.now += 0.1 * MS
+        await h.boundary.submit_many([(row(i), i) for i in range(1, 7)])
+        await h.collector.wait_items(5)  # the size target (4) released while held
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert h.boundary.waiting == 2
+    await h.collector.wait_items(7)
+    assert [r.items for r in h.collector.results] == [[0], [1, 2, 3, 4], [5, 6]]
+
+
 async def test_deadline_release_when_queue_growth_moves_due_earlier(harness: MakeHarness) -> None:
     """Rule 3 with t(n) growing in n: more waiting items make the batch due earlier, and it must go out.
 
