@@ -26,7 +26,7 @@ from agents.formats.codec import (
     late_record,
 )
 from agents.model.runtime import ModelInfo, ModelRuntime
-from tables.features import DEFAULT_SPEC, KeyState, Watermark, apply_event, new_state
+from tables.features import DEFAULT_SPEC, KeyState, Watermark, apply_event, as_lists, new_state
 
 __all__ = ["LATENESS_MS", "SCORE_TOLERANCE", "THRESHOLD", "Expected", "Prepared", "compare", "encode_prediction",
            "load_model", "parse_prediction", "prepare", "reference", "score_one"]
@@ -61,7 +61,10 @@ def prepare(raw: bytes | None, key: bytes | None, *, topic: str, partition: int,
                                                       partition=partition, offset=offset,
                                                       routed_at_ms=int(time.time() * 1000)))
     watermark.observe(tx.ts)
-    state = load(tx.key) or new_state()
+    state = load(tx.key)
+    if state is None:  # the peers' stores keep states as JSON: lists, as a loaded state has them
+        state = new_state()
+        as_lists(state)
     applied = apply_event(state, tx.id, tx.ts, tx.values, allowed_lateness_ms=LATENESS_MS)
     store(tx.key, state)
     return Prepared("prediction", tx, applied.features)

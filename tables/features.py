@@ -7,19 +7,24 @@ feature describes the moment of the event it scores, whatever the arrival order.
 computes over ``S_W`` is declared in :data:`tables.spec.OPERATIONS`; a spec (:class:`tables.spec.FeatureSpec`)
 names the features, in model order.
 
-State per key is one small JSON-friendly dict of parallel columns sorted by event time (ties in
-arrival order)::
+State per key is one small dict of parallel columns sorted by event time (ties in arrival order)::
 
     {"n": <arrival counter>, "prev": <max ts evicted, or None>, "pv": <that event's values, or None>,
-     "ts": (ms, ...), "id": (event_id, ...), "seq": (arrival number, ...),
-     "values": ((value, ...), ...)}
+     "ts": [ms, ...], "id": (event_id, ...), "seq": [arrival number, ...],
+     "values": ([value, ...], ...)}
 
-The columns are tuples: CPython's cyclic collector untracks a tuple of numbers and strings, so a
-full collection walks one object per cached key, not every value of every key (with lists, 410 ms
-for 88,000 keys of 8 events; with tuples, 50 ms). An event is inserted by rebuilding each column (a
-C-level copy: 3 µs more per event at 21 events held than a list insert). A hot key, one with a
-window index (below), holds lists instead, changed in place as the index follows them; a state as
-JSON gives it (lists) is served as it is.
+Numbers are held in :class:`array.array` columns (``ts`` and ``seq`` as 64-bit integers, a column of
+float values as doubles), the rest (ids, strings) in tuples (:func:`compact`). CPython's cyclic
+collector walks neither element by element: an array holds no objects (the collector visits it as
+one object), and a tuple of numbers and strings is untracked by the first collection that sees it.
+So a full collection walks a few objects per cached key, not every value (with lists, 410 ms for
+88,000 keys of 8 events; with tuples, 50 ms). A young collection walks each new tuple element by
+element once, and each element is a cold read of a cached key's memory: with every column a tuple
+rebuilt per event, young collections took 7 % of the event loop at 3,000 events/s with 88,000 keys
+cached. An array takes an event in place (it is not new, so no young collection walks it) and holds
+a number in 8 bytes, where a number object in a tuple takes 32 and its slot 8 more; the ids and the
+string columns are rebuilt (a C-level copy). A hot key, one with a window index (below), holds lists
+instead, changed in place as the index follows them; a state as JSON gives it (lists) is served as it is.
 
 ``values`` holds one column per field the spec's features read (``spec.stored``, in that order). A new
 event is inserted with ``bisect``; every event already in the state arrived before it, so its
@@ -54,6 +59,7 @@ window. The index changes no result: the reference tests run with every key hot 
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,19 +71,19 @@ from tables.spec import FeatureSpec, feature_set_version, load_spec
 
 __all__ = [
     "DEFAULT_SPEC", "HOT_EVENTS", "Applied", "KeyState", "FeatureSpec", "Watermark", "apply_event", "as_lists",
-    "compact", "event_ids", "feature_set_version", "has_event",
+    "as_plain", "compact", "event_ids", "feature_set_version", "has_event",
     "latest_features", "memory_bytes", "new_state", "replayable", "upgrade_state",
 ]
 
 HOT_EVENTS = 96  # a key holding this many events gets a _WindowIndex (below, slices are as fast)
 # What a key's state costs in memory, measured with tracemalloc on decoded states of the example spec
 # (synthetic keys: ids of about 20 characters, interned merchants): the dict, its columns and the cache's
-# entries; each event held (five column slots, its id, time, amount and arrival number); an indexed
-# event's share of the index (an id-set slot, a prefix sum; its columns are lists then).
-# tests/unit/test_key_store.py holds them to the measure.
-KEY_BYTES = 1_500
-EVENT_BYTES = 190
-INDEXED_EVENT_BYTES = 140
+# entries; each event held (its id and its slot, 8 bytes each of time, arrival number and amount in their
+# arrays, a merchant's slot); an indexed event's share of the index (an id-set slot, a prefix sum; its
+# columns are lists then). tests/unit/test_key_store.py holds them to the measure.
+KEY_BYTES = 1_900
+EVENT_BYTES = 120
+INDEXED_EVENT_BYTES = 170
 
 # The example spec (specs/fraud.toml): what a worker computes unless SEAM_FEATURE_SPEC names another.
 DEFAULT_SPEC = load_spec(EXAMPLE_SPEC)
@@ -89,8 +95,8 @@ _COLUMNS = ("ts", "id", "seq")
 class KeyState(dict[str, Any]):
     """A key's state: a plain dict of columns (what is stored), plus its in-memory window index.
 
-    Columns are tuples (:func:`compact`), or lists while a window index follows them; two states are
-    equal when they hold the same values, whichever.
+    Columns are arrays and tuples (:func:`compact`), or lists while a window index follows them; two
+    states are equal when they hold the same values, whichever.
     """
 
     __slots__ = ("index",)
@@ -102,7 +108,7 @@ class KeyState(dict[str, Any]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, dict):
             return NotImplemented
-        return _as_values(self) == _as_values(other)
+        return as_plain(self) == as_plain(other)
 
     def __ne__(self, other: object) -> bool:
         equal = self.__eq__(other)
@@ -111,7 +117,8 @@ class KeyState(dict[str, Any]):
     __hash__ = None  # type: ignore[assignment]
 
 
-def _as_values(state: dict[str, Any]) -> dict[str, Any]:
+def as_plain(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` as JSON holds it: its columns as lists (a copy; the state is left as it is)."""
     plain = {name: list(value) if name in _COLUMNS else value for name, value in state.items()}
     if "values" in state:
         plain["values"] = [list(column) for column in state["values"]]
@@ -131,32 +138,56 @@ class Applied:
 def new_state(width: int | FeatureSpec = DEFAULT_SPEC) -> KeyState:
     """Return the state of a key that has seen nothing: ``width`` value columns (or a spec's ``stored`` fields)."""
     columns = len(width.stored) if isinstance(width, FeatureSpec) else width
-    return KeyState(n=0, prev=None, pv=None, ts=(), id=(), seq=(), values=((),) * columns)
+    return KeyState(n=0, prev=None, pv=None, ts=array("q"), id=(), seq=array("q"), values=((),) * columns)
 
 
 def compact(state: KeyState) -> KeyState:
-    """Hold ``state``'s columns as tuples (unless it has a window index, whose key keeps lists); return it.
+    """Hold ``state``'s columns as arrays and tuples (unless it has a window index, whose key keeps lists);
+    return it.
 
-    What the cyclic garbage collector does not walk: a tuple of numbers and strings is untracked by the
-    first collection that sees it, so a cached key costs a full collection one object, not one per column
-    (a full collection walked every element of every cached key's lists: 0.7 s for 88,000 keys).
+    What the cyclic garbage collector does not walk element by element: times and arrival numbers as
+    arrays of 64-bit integers, a column of floats as an array of doubles (no objects inside), any other
+    column (ids, strings) as a tuple, which the first collection that sees it untracks. A cached key
+    costs a full collection a few objects, not one per value (a full collection walked every element of
+    every cached key's lists: 0.7 s for 88,000 keys).
     """
     if type(state) is KeyState and state.index is not None:
         return state
-    for name in _COLUMNS:
-        if type(state[name]) is not tuple:
-            state[name] = tuple(state[name])
-    state["values"] = tuple(column if type(column) is tuple else tuple(column) for column in state["values"])
+    for name in ("ts", "seq"):
+        if type(state[name]) is not array:
+            state[name] = array("q", state[name])
+    if type(state["id"]) is not tuple:
+        state["id"] = tuple(state["id"])
+    state["values"] = tuple([_compact_column(column) for column in state["values"]])
     if state["pv"] is not None and type(state["pv"]) is not tuple:
         state["pv"] = tuple(state["pv"])
     return state
+
+
+def _compact_column(column: Sequence[Any]) -> Sequence[Any]:
+    """A value column as an array of doubles if it holds floats only, else as a tuple."""
+    if type(column) is array or (type(column) is tuple and not (column and type(column[0]) is float)):
+        return column
+    if column and all(type(value) is float for value in column):
+        return array("d", column)
+    return column if type(column) is tuple else tuple(column)
+
+
+def _with(column: Sequence[Any], pos: int, value: Any) -> Sequence[Any]:
+    """``column`` (an array or a tuple) with ``value`` inserted at ``pos``: an array in place, a tuple rebuilt."""
+    if type(column) is array:
+        column.insert(pos, value)
+        return column
+    if not column and type(value) is float:  # the first value of a numeric column: it starts an array
+        return array("d", (value,))
+    return column + (value,) if pos == len(column) else (*column[:pos], value, *column[pos:])  # type: ignore[operator]
 
 
 def as_lists(state: KeyState) -> None:
     """Hold ``state``'s columns as lists: a hot key's, changed in place while its window index follows them."""
     for name in _COLUMNS:
         if type(state[name]) is not list:
-            state[name] = list(state[name])
+            state[name] = list(state[name])  # an array's numbers as Python ints and floats
     state["values"] = [column if type(column) is list else list(column) for column in state["values"]]
 
 
@@ -213,19 +244,14 @@ def apply_event(
     state["n"] += 1
     times: Sequence[int] = state["ts"]
     pos = bisect_right(times, ts_ms)
-    if type(times) is tuple:  # (see compact): each column rebuilt, a C-level copy of what the key holds
-        seqs = state["seq"]
-        if pos == len(times):  # in order: most events
-            state["ts"] = times = times + (ts_ms,)
-            state["id"] = state["id"] + (event_id,)
-            state["seq"] = seqs + (state["n"],)
-            state["values"] = tuple([column + (value,) for column, value in zip(state["values"], values, strict=True)])
-        else:
-            state["ts"] = times = (*times[:pos], ts_ms, *times[pos:])
-            state["id"] = (*ids[:pos], event_id, *ids[pos:])
-            state["seq"] = (*seqs[:pos], state["n"], *seqs[pos:])
-            state["values"] = tuple([(*column[:pos], value, *column[pos:])
-                                     for column, value in zip(state["values"], values, strict=True)])
+    if not isinstance(times, list):  # compact (see compact): arrays take the event in place, tuples are rebuilt
+        if type(times) is not array or type(ids) is not tuple:  # columns of tuples, as an earlier seam held them
+            times, ids = compact(state)["ts"], state["id"]
+        times.insert(pos, ts_ms)  # type: ignore[union-attr]
+        state["seq"].insert(pos, state["n"])
+        state["id"] = ids + (event_id,) if pos == len(ids) else (*ids[:pos], event_id, *ids[pos:])  # type: ignore[operator]
+        state["values"] = tuple([_with(column, pos, value)
+                                 for column, value in zip(state["values"], values, strict=True)])
     else:  # lists: a hot key's, or a state as JSON gives it
         times.insert(pos, ts_ms)  # type: ignore[attr-defined]
         ids.insert(pos, event_id)  # type: ignore[attr-defined]
@@ -390,8 +416,8 @@ def _evict(state: KeyState, pos: int, cutoff: int, index: _WindowIndex | None) -
         newest = max(others, key=lambda i: (times[i], i)) if others else None
         evicted = None if newest is None else (times[newest], tuple(column[newest] for column in state["values"]))
         for name in _COLUMNS:
-            state[name] = type(state[name])(state[name][i] for i in keep)
-        state["values"] = type(state["values"])(type(column)(column[i] for i in keep) for column in state["values"])
+            state[name] = _taken(state[name], keep)
+        state["values"] = type(state["values"])(_taken(column, keep) for column in state["values"])
         new_pos = 0
         if index is not None:
             state.index = None  # rare: rebuilt at the key's next event
@@ -399,16 +425,28 @@ def _evict(state: KeyState, pos: int, cutoff: int, index: _WindowIndex | None) -
         evicted = (times[count - 1], tuple(column[count - 1] for column in state["values"]))
         if index is not None:
             index.evict(state, count)
-        if type(times) is tuple:
-            state["ts"], state["id"], state["seq"] = times[count:], state["id"][count:], state["seq"][count:]
-            state["values"] = tuple([column[count:] for column in state["values"]])
-        else:
-            for column in (times, state["id"], state["seq"], *state["values"]):
-                del column[:count]
+        for name in _COLUMNS:
+            state[name] = _dropped(state[name], count)
+        state["values"] = type(state["values"])([_dropped(column, count) for column in state["values"]])
         new_pos = pos - count
     if evicted is not None and (state["prev"] is None or evicted[0] >= state["prev"]):
         state["prev"], state["pv"] = evicted
     return new_pos
+
+
+def _taken(column: Sequence[Any], keep: list[int]) -> Sequence[Any]:
+    """The elements of ``column`` at ``keep``, in a column of its kind."""
+    if type(column) is array:
+        return array(column.typecode, [column[i] for i in keep])
+    return type(column)(column[i] for i in keep)  # type: ignore[call-arg]
+
+
+def _dropped(column: Sequence[Any], count: int) -> Sequence[Any]:
+    """``column`` without its first ``count`` elements: a tuple sliced, a list or an array cut in place."""
+    if type(column) is tuple:
+        return column[count:]
+    del column[:count]  # type: ignore[attr-defined]
+    return column
 
 
 def _compile(plan: _Plan, indexed: bool) -> Callable[..., tuple[float, ...]]:

@@ -43,6 +43,7 @@ every key so far, is stored under its plain UTF-8 bytes.
 from __future__ import annotations
 
 import sys
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -261,8 +262,14 @@ def _runs(chunks: list[Chunk]) -> list[list[int]]:
     return runs
 
 
-def _columns(state: KeyState, lo: int, hi: int) -> list[list[Any]]:
-    return [state["ts"][lo:hi], *(values[lo:hi] for values in state["values"]), state["id"][lo:hi], state["seq"][lo:hi]]
+def _columns(state: KeyState, lo: int, hi: int) -> list[Sequence[Any]]:
+    return [_plain(state["ts"][lo:hi]), *(_plain(values[lo:hi]) for values in state["values"]), state["id"][lo:hi],
+            _plain(state["seq"][lo:hi])]
+
+
+def _plain(column: Sequence[Any]) -> Sequence[Any]:
+    """A slice of a column as JSON can hold it: an array's numbers as a list (lists and tuples as they are)."""
+    return column.tolist() if type(column) is array else column
 
 
 def _encode(state: KeyState, lo: int, hi: int) -> bytes:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import random
 import struct
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from tables.features import (
     KeyState,
     Watermark,
     apply_event,
+    as_plain,
     compact,
     has_event,
     new_state,
@@ -454,14 +456,22 @@ def test_duplicate_of_first_event(card: Callable[..., tuple[KeyState, Apply]]) -
 
 
 def test_new_state_shape() -> None:
-    """A new state is empty: tuples, one per column (nothing shared that a change could reach)."""
-    assert new_state() == {"n": 0, "prev": None, "pv": None, "ts": (), "id": (), "seq": (), "values": ((), ())}
+    """A new state is empty: one column each (nothing shared that a change could reach)."""
+    state, other = new_state(), new_state()
+    assert state == {"n": 0, "prev": None, "pv": None, "ts": (), "id": (), "seq": (), "values": ((), ())}
+    assert state["ts"] is not other["ts"] and state["seq"] is not other["seq"]
+
+
+def _walked(part: object) -> list[object]:
+    """What a collection visits of ``part``: nothing if it is untracked, else what it refers to."""
+    return gc.get_referents(part) if gc.is_tracked(part) else []
 
 
 def test_a_quiet_keys_state_is_one_object_to_the_garbage_collector(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below HOT_EVENTS a state's columns are tuples of numbers and strings, which the cyclic collector
-    untracks: a full collection walks the state's dict, not every value it holds. A hot key keeps lists
-    (its window index follows them in place) and gets tuples back once it is compacted without one."""
+    """Below HOT_EVENTS a state's columns are arrays of numbers (which hold no objects) and tuples of strings
+    (which the cyclic collector untracks): a collection walks the state's dict and a few columns, never a
+    value it holds. A hot key keeps lists (its window index follows them in place) and gets arrays and tuples
+    back once it is compacted without one."""
     monkeypatch.setattr(features, "HOT_EVENTS", 96)
     rng = random.Random(8)
     state = new_state()
@@ -472,7 +482,10 @@ def test_a_quiet_keys_state_is_one_object_to_the_garbage_collector(monkeypatch: 
     gc.collect()
     gc.collect()  # the second: a tuple of tuples is untracked once those it holds are
     parts = [state[name] for name in ("ts", "id", "seq", "values", "pv")] + list(state["values"])
-    assert gc.is_tracked(state) and not any(gc.is_tracked(part) for part in parts)
+    assert [type(part) for part in parts] == [array, tuple, array, tuple, tuple, array, tuple]
+    assert gc.is_tracked(state)
+    # walked: the columns' types and the value columns (by the tuple that holds them), never a value
+    assert {type(walked) for part in parts for walked in _walked(part)} <= {type, array, tuple}
     hot = new_state()
     for i in range(97):
         apply_event(hot, f"e{i}", T + i * S, (float(i), "m"), allowed_lateness_ms=LATENESS_MS)
@@ -481,7 +494,8 @@ def test_a_quiet_keys_state_is_one_object_to_the_garbage_collector(monkeypatch: 
     compact(hot)
     gc.collect()
     gc.collect()
-    assert not gc.is_tracked(hot["ts"]) and not gc.is_tracked(hot["values"])
+    assert type(hot["ts"]) is array and not _walked(hot["values"][1])
+    assert {type(walked) for walked in _walked(hot["values"])} <= {array, tuple}
 
 
 def test_state_survives_a_json_round_trip() -> None:
@@ -502,13 +516,13 @@ def test_state_survives_a_json_round_trip() -> None:
         a = apply_event(
             plain, ev.id, ev.ts, (ev.amount, ev.merchant), allowed_lateness_ms=LATENESS_MS
         )
-        through_json = json.loads(json.dumps(through_json))
+        through_json = json.loads(json.dumps(as_plain(through_json)))
         b = apply_event(
             through_json, ev.id, ev.ts, (ev.amount, ev.merchant), allowed_lateness_ms=LATENESS_MS
         )
         assert a == b
     assert plain["prev"] is not None  # eviction happened along the way
-    assert json.loads(json.dumps(plain)) == json.loads(json.dumps(through_json))  # tuples (plain), lists (JSON)
+    assert as_plain(plain) == json.loads(json.dumps(through_json))  # arrays and tuples (plain), lists (JSON)
 
 
 def test_eviction_keeps_state_bounded() -> None:
@@ -709,7 +723,7 @@ def test_state_written_by_an_earlier_layout_is_upgraded_and_keeps_its_results() 
     old = {"n": 3, "prev": T - 10 * S, "ev": [[1, T, 5.0, "m1", "a"], [2, T + 30 * S, 7.0, "m2", "b"],
                                               [3, T + 10 * S, 1.0, "m1", "c"]]}
     state = upgrade_state(json.loads(json.dumps(old)))
-    assert state["ts"] == (T, T + 10 * S, T + 30 * S) and state["seq"] == (1, 3, 2)
+    assert list(state["ts"]) == [T, T + 10 * S, T + 30 * S] and list(state["seq"]) == [1, 3, 2]
     assert upgrade_state(state) is state  # current layout passes through
     fresh = new_state()
     fresh["prev"] = T - 10 * S
@@ -757,7 +771,7 @@ def test_indexed_windows_give_exactly_the_sliced_features(seed: int, monkeypatch
     for hot_events in (1, 2, 48):
         indexed, indexed_state = _outcomes(events, hot_events, monkeypatch)
         assert indexed == sliced, f"HOT_EVENTS={hot_events}"
-        assert json.dumps(indexed_state) == json.dumps(sliced_state)  # lists (hot) or tuples alike
+        assert json.dumps(as_plain(indexed_state)) == json.dumps(as_plain(sliced_state))  # lists (hot) or arrays alike
 
 
 def test_window_maximum_below_a_later_higher_event(monkeypatch: pytest.MonkeyPatch) -> None:
