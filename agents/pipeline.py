@@ -26,8 +26,7 @@ from agents.model.boundary import BatchResult
 from agents.model.runtime import ModelInfo
 from agents.observe.metrics import BoundaryMetrics
 from tables.cache import StateCache
-from tables.features import KeyState, apply_event, feature_set_version, has_event, replayable
-from tables.key_store import Stored
+from tables.features import apply_event, feature_set_version, has_event, replayable
 
 __all__ = ["Outputs", "Pipeline", "ScoringItem"]
 
@@ -75,10 +74,6 @@ HANDLE_CHECK_EVERY = 16
 PREFETCH_RECORDS = HANDLE_CHECK_EVERY
 
 
-# Reads the states of several keys of a partition (None: a key the table does not hold), off the event loop.
-ReadStates = Callable[[int, list[str]], Awaitable[list[tuple[KeyState, Stored] | None]]]
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -107,15 +102,9 @@ class Pipeline:
         record_format: RecordFormat | None = None,
         max_future_ms: int = 0,
         max_past_ms: int = 0,
-        read_states: ReadStates | None = None,
     ) -> None:
         """``max_future_ms``, ``max_past_ms``: how far an event time may lie ahead of (behind) its record's Kafka
-        timestamp (0: no bound); beyond, the record is a dead letter (``future_timestamp``, ``past_timestamp``).
-
-        ``read_states(partition, keys)``: reads the states of keys the cache does not hold, off the event loop
-        (the loop handles other work meanwhile); without it they are read on the loop (``StateCache.prefetch``).
-        """
-        self._read_states = read_states
+        timestamp (0: no bound); beyond, the record is a dead letter (``future_timestamp``, ``past_timestamp``)."""
         self._max_future_ms, self._max_past_ms = max_future_ms, max_past_ms
         self.format = record_format or json_format()  # how records are decoded and outputs encoded
         self.spec = self.format.contract.spec  # the features computed, from the fields the format decodes
@@ -179,18 +168,7 @@ class Pipeline:
             if not index % PREFETCH_RECORDS:
                 window = records[index:index + PREFETCH_RECORDS]
                 ahead = [self._in_time(decode(later.value), later) for later in window]
-                keys = [later.key for later in ahead if not isinstance(later, Invalid)]
-                if self._read_states is None:
-                    cache.prefetch(partition, keys)
-                else:
-                    missing = cache.missing(partition, keys)
-                    if missing:
-                        if items:  # what is scored goes on while the states are read
-                            await self._boundary.submit_many(items)
-                            items = []
-                        started = time.perf_counter()
-                        loaded = await self._read_states(partition, missing)
-                        cache.install_read(partition, missing, loaded, time.perf_counter() - started)
+                cache.prefetch(partition, [later.key for later in ahead if not isinstance(later, Invalid)])
             tx = ahead[index % PREFETCH_RECORDS]
             if isinstance(tx, Invalid):
                 if metrics is not None:

@@ -21,7 +21,6 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
@@ -135,8 +134,6 @@ class ScoringService(Service):
         self.spec, self.contract = spec, Contract(spec)  # what the input holds and which features it gets
         self.models: ModelSet[ScoringItem] | None = None
         self._gc_timer: Callable[[str, dict[str, Any]], None] | None = None  # times collections once ready
-        # Where the states of keys the cache does not hold are read (RocksDB releases the GIL while it reads).
-        self._state_reads: ThreadPoolExecutor | None = None
         self.control: ControlFollower | None = None
         self.shadow_producer: OutputProducer | None = None
         self._shadow_starting = asyncio.Lock()
@@ -213,7 +210,7 @@ class ScoringService(Service):
             # The plain Faust path has no commit hook: write each batch's changes through at once.
             write_through=settings.ingest == "stream", metrics=self.metrics if settings.metrics else None,
             record_format=self.format, max_future_ms=int(settings.max_future_s * 1000),
-            max_past_ms=int(settings.max_past_s * 1000), read_states=self._read_states)
+            max_past_ms=int(settings.max_past_s * 1000))
         # The control topic's deployment first: a worker that starts later serves what the others serve.
         self.control = ControlFollower(settings.kafka, settings.model_control_topic)
         await self.control.start()
@@ -278,31 +275,9 @@ class ScoringService(Service):
         primary = None if self.models is None else self.models.primary
         return None if primary is None else primary.boundary
 
-    async def _read_states(self, partition: int, keys: list[str]) -> list[tuple[KeyState, Stored] | None]:
-        """The states of ``keys`` of ``partition`` (None: unknown), read on the state-read thread.
-
-        Keys the database surely does not hold (new ones) are not read: a hand-off to the thread and back
-        costs the batch waiting for it more than such a read costs the loop.
-        """
-        reader = self.tables.states_reader(partition)
-        if reader is None:  # not RocksDB: through the table, on the loop
-            with ingest.table_partition(self.settings.input_topic, partition):
-                return self.tables.load_states(keys)
-        held = [key for key in keys if not reader.unknown(key)]
-        if not held:
-            return [None] * len(keys)
-        if self._state_reads is None:
-            self._state_reads = ThreadPoolExecutor(1, thread_name_prefix="seam-state-read")
-        found = dict(zip(held, await asyncio.get_running_loop().run_in_executor(self._state_reads, reader.read, held),
-                         strict=True))
-        return [found.get(key) for key in keys]
-
     async def on_stop(self) -> None:
         if self._gc_timer is not None and self._gc_timer in gc.callbacks:
             gc.callbacks.remove(self._gc_timer)
-        if self._state_reads is not None:
-            self._state_reads.shutdown(wait=False, cancel_futures=True)
-            self._state_reads = None
         # The app has stopped fetching by now (the consumer's own last commit comes after this service
         # has stopped): at least once commits what is delivered while its producers still run.
         if self.pipeline is not None:

@@ -128,34 +128,20 @@ class StateCache:
         """
         if self._load_states is None:
             return
-        missing = self.missing(partition, keys)
+        held = self._states.setdefault(partition, {})
+        missing = list(dict.fromkeys(key for key in keys if key not in held))
         if not missing:
             return
         started = self._clock()
         with self._scope(partition):
             loaded = self._load_states(missing)
-        self.install_read(partition, missing, loaded, self._clock() - started)
-
-    def missing(self, partition: int, keys: Iterable[str]) -> list[str]:
-        """The keys among ``keys`` that the cache does not hold, each once: what a read ahead would read."""
-        held = self._states.setdefault(partition, {})
-        return list(dict.fromkeys(key for key in keys if key not in held))
-
-    def install_read(self, partition: int, keys: Sequence[str], loaded: Sequence[tuple[KeyState, Stored] | None],
-                     seconds: float) -> None:
-        """Take in what a read ahead of ``keys`` (:meth:`missing`) found, read in ``seconds`` (shared among them).
-
-        A key the cache came to hold meanwhile keeps what it holds: it may have changed since.
-        """
         if self._on_load is not None:
-            share = seconds / len(keys) if keys else 0.0
-            for _ in keys:
+            share = (self._clock() - started) / len(missing)
+            for _ in missing:
                 self._on_load(share)
-        held = self._states.setdefault(partition, {})
-        for key, found in zip(keys, loaded, strict=True):
-            if key not in held:
-                self._install(partition, key, found)
-                self._prefetched.add((partition, key))
+        for key, found in zip(missing, loaded, strict=True):
+            self._install(partition, key, found)
+            self._prefetched.add((partition, key))
 
     def _install(self, partition: int, key: str, loaded: tuple[KeyState, Stored] | None) -> KeyState:
         state, stored = loaded if loaded is not None else (new_state(self._spec), Stored())

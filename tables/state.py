@@ -13,11 +13,11 @@ from typing import Any
 
 import faust
 
-from tables.faust_compat import raw_get, raw_get_many, rocksdb_partition, uses_rocksdict
+from tables.faust_compat import raw_get, raw_get_many
 from tables.features import KeyState
 from tables.key_store import Stored, changes, decode, decode_many, stored_key
 
-__all__ = ["LAYOUT_KEY", "WATERMARK_KEY", "StateTables", "StatesReader"]
+__all__ = ["LAYOUT_KEY", "WATERMARK_KEY", "StateTables"]
 
 MIB = 1024 * 1024
 # One key per partition of the watermarks table: the highest event time seen on it.
@@ -38,9 +38,6 @@ class StateTables:
             "block_cache_size": db_memory_mb * MIB // 2,
             "write_buffer_size": db_memory_mb * MIB // 4,
             "max_write_buffer_number": 2,
-            # 10 bits a key: a key the database does not hold is known without a read 99 times in 100 (Faust's
-            # 3 bits: 85), so a new key's state is made on the loop, not read on the state-read thread
-            "bloom_filter_size": 10,
         }
         # Keys: a key id (UTF-8) for the key's header, and key id + NUL + chunk for each sealed
         # chunk of its events; values: JSON (see tables.key_store), raw bytes in store and changelog.
@@ -72,15 +69,6 @@ class StateTables:
         table = self.state_table
         return decode_many([stored_key(key) for key in keys], lambda raw: raw_get_many(table, raw))
 
-    def states_reader(self, partition: int) -> StatesReader | None:
-        """A reader of ``partition``'s key states for another thread (None when the store is not RocksDB).
-
-        Make it on the event loop: opening the partition's database is Faust's.
-        """
-        store = self.state_table.data
-        return StatesReader(rocksdb_partition(store, partition)) if uses_rocksdict(store) else None
-
-
     def store_state(self, key: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
         """Write what changed in one key's state since ``stored`` (Faust table writes); return the records."""
         writes = changes(stored_key(key), state, stored, touched)
@@ -108,21 +96,3 @@ class StateTables:
     def store_layout(self, layout: str) -> None:
         """Record the layout the current partition's states are written in."""
         self.watermarks[LAYOUT_KEY] = layout
-
-
-class StatesReader:
-    """:meth:`StateTables.load_states` for one partition's RocksDB database, whose reads release the GIL, so a
-    thread can read while the event loop goes on; and which keys it surely does not hold, without a read."""
-
-    __slots__ = ("_db",)
-
-    def __init__(self, db: Any) -> None:
-        self._db = db
-
-    def unknown(self, key: str) -> bool:
-        """Whether the database surely holds no state of ``key`` (its memtables and bloom filters, no I/O)."""
-        return not self._db.key_may_exist(stored_key(key))
-
-    def read(self, keys: list[str]) -> list[tuple[KeyState, Stored] | None]:
-        """The states of ``keys`` (None: unknown), in two multi-key reads: their headers, then their chunks."""
-        return decode_many([stored_key(key) for key in keys], self._db.get)

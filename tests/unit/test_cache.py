@@ -159,26 +159,6 @@ def test_prefetch_reads_the_missing_cards_together_and_counts_each_as_one_miss(t
     assert cache.last_bytes_held == memory_bytes(0) * 2 + memory_bytes(1)
 
 
-def test_a_read_ahead_off_the_cache_keeps_what_the_cache_came_to_hold_meanwhile(
-    tables: Tables, make_cache: Callable[..., StateCache]
-) -> None:
-    """missing() names the cards to read (each once); install_read() takes in what was read, except for a card
-    the cache came to hold while it was read (it may have changed since); each read card counts as a miss."""
-    tables.cards[(0, "stored")] = stored_state(ts=T + 5_000)
-    cache = make_cache()
-    cache.state(0, "cached")
-    missing = cache.missing(0, ["stored", "cached", "raced", "stored", "new"])
-    assert missing == ["stored", "raced", "new"]
-    read = [(stored_state(ts=T + 5_000), Stored(n=1, held=1)), (stored_state(ts=T + 1), Stored(n=1, held=1)), None]
-    raced = cache.state(0, "raced")  # the cache reads it itself meanwhile (a new card: nothing stored)
-    apply_event(raced, "r", T + 9_000, (1.0, "m"), allowed_lateness_ms=LATENESS_MS)
-    cache.install_read(0, missing, read, 0.003)
-    assert cache.state(0, "raced") is raced and cache.state(0, "stored") == stored_state(ts=T + 5_000)
-    assert cache.state(0, "new") == new_state()
-    assert cache.watermark(0).max_ts == T + 5_000
-    assert (cache.hits, cache.misses) == (1, 4)  # "cached", "raced" and the two read ahead; "raced" again a hit
-
-
 def test_unknown_card_is_a_new_state_loaded_once(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     cache = make_cache()
     state = cache.state(0, "nobody")

@@ -5,11 +5,9 @@ from __future__ import annotations
 import random
 import sys
 import tracemalloc
-from pathlib import Path
 
 import orjson
 import pytest
-import rocksdict
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -17,7 +15,6 @@ from hypothesis import strategies as st
 from tables import features
 from tables.features import DEFAULT_SPEC, KeyState, apply_event, as_plain, memory_bytes, new_state
 from tables.key_store import CHUNK_EVENTS, Stored, changes, chunk_key, decode, decode_many, stored_key
-from tables.state import StatesReader
 
 LATENESS_MS = 60_000
 T = 1_764_500_000_000
@@ -320,31 +317,3 @@ def test_a_key_holding_nul_keeps_its_state_apart_from_the_key_it_starts_with() -
         state_key = stored_key(key)
         loaded, _ = decode(table.data[state_key], table.data.get, state_key)
         assert list(loaded["values"][0]) == [amount] and loaded["id"] == (f"{key}-e",)
-
-
-def test_a_states_reader_reads_from_rocksdb_and_knows_a_new_key_without_a_read(tmp_path: Path) -> None:
-    """StatesReader over a real RocksDB database (rocksdict, as a worker's partition holds it): what it reads is
-    what decode gives for each key (None for one the table does not hold), and a key never written is known to
-    be unknown without a read (the database's memtable and bloom filters), while a written one never is."""
-    options = rocksdict.Options(raw_mode=True)
-    table = rocksdict.BlockBasedOptions()
-    table.set_bloom_filter(10, block_based=True)
-    options.set_block_based_table_factory(table)
-    db = rocksdict.Rdict(str(tmp_path / "card-state-0.db"), options=options)
-    try:
-        expected = {}
-        for key, count in (("quiet", 3), ("busy", 3 * CHUNK_EVENTS + 5)):
-            state, stored = new_state(), Stored()
-            for raw, value in changes(stored_key(key), state, stored, fill(state, count, prefix=key)):
-                db[raw] = value
-            expected[key] = state
-        db.flush()  # into an SST file: its bloom filter answers too, not only the memtable
-        reader = StatesReader(db)
-        loaded = reader.read(["busy", "nobody", "quiet"])
-        assert loaded[1] is None
-        assert [found[0] for found in loaded if found is not None] == [expected["busy"], expected["quiet"]]
-        assert not reader.unknown("busy") and not reader.unknown("quiet")
-        unknown = sum(reader.unknown(f"new-{i}") for i in range(1_000))
-        assert unknown >= 950, unknown  # 10 bits a key: about 1 % may exist
-    finally:
-        db.close()

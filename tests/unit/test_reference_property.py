@@ -350,20 +350,9 @@ def batches_of(scenario: Scenario) -> list[tuple[int, list[tuple[int, Event]]]]:
     return out
 
 
-async def run_pipeline(scenario: Scenario, write_through: bool,
-                       read_off_loop: bool = False) -> tuple[list[Outcome], list[int], list[int]]:
-    """Feed the scenario through Pipeline.handle; return outcomes by arrival, late offsets and acked offsets.
-
-    ``read_off_loop``: the keys the cache does not hold are read on another thread, as a worker reads them.
-    """
+async def run_pipeline(scenario: Scenario, write_through: bool) -> tuple[list[Outcome], list[int], list[int]]:
+    """Feed the scenario through Pipeline.handle; return outcomes by arrival, late offsets and acked offsets."""
     tables, boundary = Tables(), FakeBoundary()
-
-    async def read_states(partition: int, card_ids: list[str]) -> list[tuple[KeyState, Stored] | None]:
-        def read() -> list[tuple[KeyState, Stored] | None]:
-            return decode_many([card_id.encode() for card_id in card_ids],
-                               lambda keys: [tables.cards.get((partition, key)) for key in keys])
-        return await asyncio.to_thread(read)
-
     acked: list[int] = []
     sent: list[tuple[str, bytes]] = []
     loop = asyncio.get_running_loop()
@@ -380,8 +369,7 @@ async def run_pipeline(scenario: Scenario, write_through: bool,
     def new_pipeline() -> Pipeline:
         return Pipeline(cast("ModelBoundary[ScoringItem]", boundary), Outputs("pred", "dlq", "late", send),
                         tables.new_cache(scenario.max_clean_cards), allowed_lateness_ms=LATENESS_MS,
-                        on_delivery_failure=failed, write_through=write_through,
-                        read_states=read_states if read_off_loop else None)
+                        on_delivery_failure=failed, write_through=write_through)
 
     pipeline = new_pipeline()
     for partition, run in batches_of(scenario):
@@ -411,11 +399,10 @@ async def run_pipeline(scenario: Scenario, write_through: bool,
 
 
 @PROPERTY
-@given(scenarios(), st.booleans(), st.booleans())
-def test_pipeline_handle_matches_the_reference(scenario: Scenario, write_through: bool, read_off_loop: bool) -> None:
-    """The real Pipeline.handle, fed per-partition batches with flushes and restarts between them (the states
-    of uncached cards read on the loop, or on another thread)."""
-    outcomes, late_offsets, acked = asyncio.run(run_pipeline(scenario, write_through, read_off_loop))
+@given(scenarios(), st.booleans())
+def test_pipeline_handle_matches_the_reference(scenario: Scenario, write_through: bool) -> None:
+    """The real Pipeline.handle, fed per-partition batches with flushes and restarts between them."""
+    outcomes, late_offsets, acked = asyncio.run(run_pipeline(scenario, write_through))
     check(scenario.events, outcomes)
     assert sorted(acked) == sorted(late_offsets)  # late records are acked once delivered (scored ones later)
 
