@@ -259,7 +259,8 @@ def plot(out: Path, runs: list[str]) -> None:
         name, _, path = run.partition("=")
         rows = json.loads(Path(path).read_text())
         windows = [row["window"] + 1 for row in rows]
-        p99.plot(windows, [row["p99_ms"] for row in rows], marker=".", label=name)
+        answered = [row for row in rows if row.get("answered", 1)]  # a window with no input answered has no p99
+        p99.plot([row["window"] + 1 for row in answered], [row["p99_ms"] for row in answered], marker=".", label=name)
         rss.plot(windows, [row["rss_mb"] for row in rows], marker=".", label=name)
     p99.set(xlabel="window (minute)", ylabel="p99 ms", yscale="log", title="p99 latency per window")
     rss.set(xlabel="window (minute)", ylabel="MB", title="worker resident memory")
