@@ -78,6 +78,7 @@ class StateCache:
         self._max_clean_bytes = max_clean_bytes
         self._states: dict[int, dict[str, KeyState]] = {}
         self._stored: dict[int, dict[str, Packed]] = {}  # what the table holds of each (Stored.packed)
+        self._indexed: dict[int, set[str]] = {}  # keys counted with a window index (memory_bytes), by partition
         self._dirty: dict[int, dict[str, set[int]]] = {}  # partition -> key -> times of the events applied
         self._watermarks: dict[int, Watermark] = {}
         self._dirty_watermarks: set[int] = set()
@@ -258,8 +259,19 @@ class StateCache:
                     writes += self._store_state(key, state, written, touched)
                     stored[key] = written.packed()
                     self.last_events_held += written.held - held
-                    self.last_bytes_held += memory_bytes(written.held) - memory_bytes(held)
+                    self.last_bytes_held += self._recount(partition, key, state, held, written.held)
         return writes
+
+    def _recount(self, partition: int, key: str, state: KeyState, was_held: int, held: int) -> int:
+        """How much more memory a written key is counted with: its events, and its window index if it has one."""
+        indexed = self._indexed.setdefault(partition, set())
+        was_indexed, now_indexed = key in indexed, state.index is not None
+        if now_indexed != was_indexed:
+            if now_indexed:
+                indexed.add(key)
+            else:
+                indexed.discard(key)
+        return memory_bytes(held, now_indexed) - memory_bytes(was_held, was_indexed)
 
     def _write_watermark(self, partition: int) -> int:
         written = 0
@@ -312,6 +324,7 @@ class StateCache:
         for partition in partitions[turn:] + partitions[:turn]:
             cached = self._states[partition]
             dirty, stored = self._dirty.get(partition, {}), self._stored.get(partition, {})
+            indexed = self._indexed.get(partition, set())
             victims: list[str] = []
             for key in cached:
                 if held <= goal or len(victims) >= budget:
@@ -319,10 +332,11 @@ class StateCache:
                 if key not in dirty:  # clean: it holds what was last written (or loaded)
                     victims.append(key)
                     events -= held_of(stored[key])
-                    held -= memory_bytes(held_of(stored[key]))
+                    held -= memory_bytes(held_of(stored[key]), key in indexed)
             for key in victims:
                 del cached[key]
                 stored.pop(key, None)
+                indexed.discard(key)
             if self._prefetched:
                 self._prefetched.difference_update((partition, key) for key in victims)
             self.last_events_held, self.last_bytes_held = events, held
@@ -342,6 +356,7 @@ class StateCache:
         """Drop everything (partitions were revoked); unflushed changes are recomputed on redelivery."""
         self._states.clear()
         self._stored.clear()
+        self._indexed.clear()
         self._dirty.clear()
         self._watermarks.clear()
         self._dirty_watermarks.clear()

@@ -47,8 +47,12 @@ population variance, whose square root is ``std``), so every way of computing a 
 float: a redelivered event gets exactly its first features.
 
 Hot keys. Slices cost what a window holds, so a key with thousands of events per window would pay
-that on every event. Once a key holds ``HOT_EVENTS`` events it gets a :class:`_WindowIndex`, kept in
-memory beside the state (never stored: it is rebuilt from the columns when a loaded key turns hot):
+that on every event. A key that holds ``HOT_EVENTS`` events or more and has been scored ``INDEX_AFTER``
+times by slices since its state was read or made gets a :class:`_WindowIndex`, kept in memory beside the
+state (never stored: it is rebuilt from the columns when a loaded key turns hot). Building one costs 6-17
+sliced events (a pass over every event, with exact prefix sums), so it is built only once the key has
+shown that it stays: a key read back for one event, as most are once the cache holds fewer keys than the
+stream touches, is scored by slices and never pays for an index it would drop with its state. The index:
 the set of its ids, exact prefix sums (and sums of squares) of the columns that are summed, the
 staircases of suffix maxima and minima, and, for each distinct count, the value counts of the window
 that ends at the key's highest time. A new event's windows then cost a bisection, two subtractions and
@@ -70,12 +74,15 @@ from specs import EXAMPLE_SPEC
 from tables.spec import FeatureSpec, feature_set_version, load_spec
 
 __all__ = [
-    "DEFAULT_SPEC", "HOT_EVENTS", "Applied", "KeyState", "FeatureSpec", "Watermark", "apply_event", "as_lists",
-    "as_plain", "compact", "event_ids", "feature_set_version", "has_event",
+    "DEFAULT_SPEC", "HOT_EVENTS", "INDEX_AFTER", "Applied", "KeyState", "FeatureSpec", "Watermark", "apply_event",
+    "as_lists", "as_plain", "compact", "event_ids", "feature_set_version", "has_event",
     "latest_features", "memory_bytes", "new_state", "replayable", "upgrade_state",
 ]
 
-HOT_EVENTS = 96  # a key holding this many events gets a _WindowIndex (below, slices are as fast)
+HOT_EVENTS = 96  # a key holding this many events may get a _WindowIndex (below, slices are as fast)
+# ... once slices have scored it this many times since its state was read or made (it pays for the index
+# only if it stays cached, and a key read back on a miss is often scored once and dropped again)
+INDEX_AFTER = 16
 # What a key's state costs in memory, measured with tracemalloc on decoded states of the example spec
 # (synthetic keys: ids of about 20 characters, interned merchants): the dict, its columns and the cache's
 # entries; each event held (its id and its slot, 8 bytes each of time, arrival number and amount in their
@@ -99,11 +106,12 @@ class KeyState(dict[str, Any]):
     states are equal when they hold the same values, whichever.
     """
 
-    __slots__ = ("index",)
+    __slots__ = ("index", "sliced")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.index: _WindowIndex | None = None
+        self.sliced = 0  # events scored by slices while the key held HOT_EVENTS or more (see INDEX_AFTER)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, dict):
@@ -267,10 +275,10 @@ def apply_event(
     return Applied(plan.indexed(state, pos, index), False)
 
 
-def memory_bytes(events_held: int) -> int:
-    """About how much memory a key state holding ``events_held`` events takes (what the cache is sized in)."""
-    per_event = EVENT_BYTES + (INDEXED_EVENT_BYTES if events_held >= HOT_EVENTS else 0)
-    return KEY_BYTES + events_held * per_event
+def memory_bytes(events_held: int, indexed: bool = False) -> int:
+    """About how much memory a key state holding ``events_held`` events takes (what the cache is sized in),
+    with its window index if ``indexed``."""
+    return KEY_BYTES + events_held * (EVENT_BYTES + INDEXED_EVENT_BYTES if indexed else EVENT_BYTES)
 
 
 def latest_features(state: KeyState, spec: FeatureSpec = DEFAULT_SPEC) -> tuple[str, tuple[float, ...]] | None:
@@ -386,10 +394,15 @@ def _build_plan(spec: FeatureSpec) -> _Plan:
 
 
 def _index_of(state: KeyState, plan: _Plan) -> _WindowIndex | None:
-    """The window index of a key holding ``HOT_EVENTS`` events or more: kept, or built from its columns."""
+    """The window index of a key holding ``HOT_EVENTS`` events or more: kept, or built from its columns once
+    slices have scored the key ``INDEX_AFTER`` times (None until then: this event is scored by slices)."""
     index = state.index
     if index is not None and index.plan is plan and index.fits(state):
         return index
+    if state.sliced < INDEX_AFTER:
+        state.sliced += 1
+        state.index = None
+        return None
     if state["ts"]:
         as_lists(state)
         state.index = index = _WindowIndex(state, plan)

@@ -27,18 +27,20 @@ SECURED_USERS = ("worker", "operator", "intruder")
 
 @pytest.fixture(scope="module", params=["slices", "indexed"])
 def window_paths(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run a module twice: with no card's windows indexed, and with every card's (``tables.features.HOT_EVENTS``).
+    """Run a module twice: with no card's windows indexed, and with every card's from its first event
+    (``tables.features.HOT_EVENTS``, ``INDEX_AFTER``).
 
     Module-scoped, so hypothesis tests may use it; ``pytestmark = pytest.mark.usefixtures("window_paths")``.
     """
     from tables import features
 
-    before = features.HOT_EVENTS
+    before = features.HOT_EVENTS, features.INDEX_AFTER
     features.HOT_EVENTS = 1 if request.param == "indexed" else 1 << 62
+    features.INDEX_AFTER = 0
     try:
         yield request.param
     finally:
-        features.HOT_EVENTS = before
+        features.HOT_EVENTS, features.INDEX_AFTER = before
 
 
 @contextmanager

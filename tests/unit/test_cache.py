@@ -442,6 +442,29 @@ def test_the_bound_drops_least_recently_used_clean_states_and_bytes_are_counted_
     assert cache.last_bytes_held == 3 * memory_bytes(1) + 2 * memory_bytes(4)
 
 
+def test_a_state_is_counted_with_its_window_index_only_while_it_has_one(
+        make_cache: Callable[..., StateCache], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hot key's window index costs memory beside its events: the cache counts it from the write after the
+    index is made, and stops once the state (with its index) is dropped."""
+    from tables import features
+
+    monkeypatch.setattr(features, "HOT_EVENTS", 3)
+    monkeypatch.setattr(features, "INDEX_AFTER", 2)
+    cache = make_cache()
+    state = cache.state(0, "hot")
+    counted = []
+    for j in range(6):
+        apply(state, f"h{j}", T + j)
+        cache.touch(0, "hot", T + j)
+        cache.flush()
+        counted.append((state.index is not None, cache.last_bytes_held))
+    # events 4 and 5 are scored by slices (INDEX_AFTER), the sixth builds the index
+    assert counted == [(False, memory_bytes(n)) for n in range(1, 6)] + [(True, memory_bytes(6, indexed=True))]
+    cache._max_clean_bytes = 0
+    cache.trim()
+    assert cache.cached_keys() == 0 and cache.last_bytes_held == 0
+
+
 # --- counters ------------------------------------------------------------------------------------------------
 
 

@@ -473,6 +473,7 @@ def test_a_quiet_keys_state_is_one_object_to_the_garbage_collector(monkeypatch: 
     value it holds. A hot key keeps lists (its window index follows them in place) and gets arrays and tuples
     back once it is compacted without one."""
     monkeypatch.setattr(features, "HOT_EVENTS", 96)
+    monkeypatch.setattr(features, "INDEX_AFTER", 0)
     rng = random.Random(8)
     state = new_state()
     for i in range(95):  # out of order, and over 2 h: eviction (and "pv") along the way
@@ -737,9 +738,10 @@ def test_state_written_by_an_earlier_layout_is_upgraded_and_keeps_its_results() 
 
 
 def _outcomes(events: Sequence[tuple[str, int, float, str]], hot_events: int,
-              monkeypatch: pytest.MonkeyPatch) -> tuple[list[Applied | None], KeyState]:
+              monkeypatch: pytest.MonkeyPatch, index_after: int = 0) -> tuple[list[Applied | None], KeyState]:
     """Route and apply ``events`` (one card, one partition) as the pipeline does; None for a late one."""
     monkeypatch.setattr(features, "HOT_EVENTS", hot_events)
+    monkeypatch.setattr(features, "INDEX_AFTER", index_after)
     state, watermark = new_state(), Watermark(LATENESS_MS)
     out: list[Applied | None] = []
     for event_id, ts, amount, merchant in events:
@@ -768,9 +770,9 @@ def test_indexed_windows_give_exactly_the_sliced_features(seed: int, monkeypatch
         if rng.random() < 0.1:
             events.append(rng.choice(events))
     sliced, sliced_state = _outcomes(events, 1 << 62, monkeypatch)
-    for hot_events in (1, 2, 48):
-        indexed, indexed_state = _outcomes(events, hot_events, monkeypatch)
-        assert indexed == sliced, f"HOT_EVENTS={hot_events}"
+    for hot_events, index_after in ((1, 0), (2, 0), (48, 0), (1, 5), (48, 16)):
+        indexed, indexed_state = _outcomes(events, hot_events, monkeypatch, index_after)
+        assert indexed == sliced, f"HOT_EVENTS={hot_events}, INDEX_AFTER={index_after}"
         assert json.dumps(as_plain(indexed_state)) == json.dumps(as_plain(sliced_state))  # lists (hot) or arrays alike
 
 
@@ -778,6 +780,7 @@ def test_window_maximum_below_a_later_higher_event(monkeypatch: pytest.MonkeyPat
     """An event that arrives out of order, below a higher event of later time: its window's maximum is
     not the staircase's (that one lies after it), so the index scans; and a quieter one in order."""
     monkeypatch.setattr(features, "HOT_EVENTS", 1)
+    monkeypatch.setattr(features, "INDEX_AFTER", 0)
     state = new_state()
     for i, amount in enumerate([5.0, 3.0, 9.0]):
         apply_event(state, f"e{i}", T + i * S, (amount, "m"), allowed_lateness_ms=LATENESS_MS)
@@ -798,6 +801,8 @@ def test_the_example_spec_reproduces_the_features_seam_computed_before_specs(
     feature and duplicate flag, as float bits, hashes to what the engine written for these fifteen features
     alone gave (commit 1c210a3), with every card sliced, every card indexed, and the default threshold."""
     monkeypatch.setattr(features, "HOT_EVENTS", hot_events)
+    if hot_events == 1:
+        monkeypatch.setattr(features, "INDEX_AFTER", 0)
     rng = random.Random(20261202)
     states: dict[str, KeyState] = {}
     digest = hashlib.sha256()
@@ -835,6 +840,38 @@ class _Counting(list):  # type: ignore[type-arg]
     def index(self, value: Any, *args: Any) -> int:
         _Counting.read += len(self)
         return super().index(value, *args)
+
+
+def test_a_key_read_back_is_indexed_only_once_it_has_stayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key of HOT_EVENTS events or more read back from its table (a cache miss) is scored by slices for its
+    first INDEX_AFTER events, then through its window index (which costs several sliced events to build, and
+    is lost with the state if the key is dropped again): every feature as the sliced path gives it."""
+    from tables.key_store import Stored, changes, decode
+
+    monkeypatch.setattr(features, "HOT_EVENTS", 96)
+    monkeypatch.setattr(features, "INDEX_AFTER", 4)
+    state = new_state()
+    for i in range(200):
+        apply_event(state, f"e{i}", T + i * 20 * S, (float(i % 7) + 0.25, f"m{i % 11}"),
+                    allowed_lateness_ms=LATENESS_MS)
+    assert state.index is not None  # made in memory: it stayed for 100 events past HOT_EVENTS
+    table = dict(changes(b"k", state, Stored(), set(state["ts"])))
+    later = [(f"n{i}", T + (200 + i) * 20 * S - (30 * S if i % 3 else 0), float(i), f"m{i % 5}") for i in range(8)]
+
+    def scored(loaded: KeyState) -> list[Applied]:
+        return [apply_event(loaded, event_id, ts, (amount, merchant), allowed_lateness_ms=LATENESS_MS)
+                for event_id, ts, amount, merchant in later]
+
+    loaded = decode(table[b"k"], table.get, b"k")[0]
+    assert loaded.index is None and type(loaded["ts"]) is array
+    indexed_from = []
+    for event_id, ts, amount, merchant in later:
+        apply_event(loaded, event_id, ts, (amount, merchant), allowed_lateness_ms=LATENESS_MS)
+        indexed_from.append(loaded.index is not None)
+    assert indexed_from == [False] * 4 + [True] * 4
+    with_index = scored(decode(table[b"k"], table.get, b"k")[0])
+    monkeypatch.setattr(features, "HOT_EVENTS", 1 << 62)
+    assert with_index == scored(decode(table[b"k"], table.get, b"k")[0])
 
 
 @pytest.mark.parametrize("hot_events, most", [(96, 600), (1 << 62, None)])

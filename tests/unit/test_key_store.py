@@ -241,11 +241,13 @@ def test_any_sequence_of_events_and_flushes_restores_exactly(seed: int, flush_ev
                 state, stored = loaded, loaded_stored
 
 
-@pytest.mark.parametrize("events", [5, 50, 95, 200, 1000])
-def test_memory_bytes_is_what_a_loaded_card_takes(events: int) -> None:
+@pytest.mark.parametrize("events, indexed", [(5, False), (50, False), (95, False), (200, False), (1000, False),
+                                            (200, True), (1000, True)])
+def test_memory_bytes_is_what_a_loaded_card_takes(events: int, indexed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cache is sized by ``memory_bytes``: within 25 % of what tracemalloc measures for a card read back
     from its table (ids of 20 characters, merchants interned and held already, as a worker's repeat across
-    cards), with its window index once it is hot."""
+    cards), and with its window index once it has one."""
+    monkeypatch.setattr(features, "INDEX_AFTER", 0)
     rng = random.Random(events)
     state = new_state()
     for i in range(events):
@@ -257,14 +259,15 @@ def test_memory_bytes_is_what_a_loaded_card_takes(events: int) -> None:
     try:
         before = tracemalloc.take_snapshot()
         loaded, stored = decode(writes[b"c-1"], writes.get, b"c-1")
-        if events >= features.HOT_EVENTS:
+        if indexed:
             apply_event(loaded, "one-more-event-id-00", loaded["ts"][-1] + 1, (1.0, "m-1"),
                         allowed_lateness_ms=LATENESS_MS)
             assert loaded.index is not None
         measured = sum(stat.size_diff for stat in tracemalloc.take_snapshot().compare_to(before, "filename"))
     finally:
         tracemalloc.stop()
-    assert 0.75 <= measured / memory_bytes(len(loaded["ts"])) <= 1.25, (measured, memory_bytes(len(loaded["ts"])))
+    expected = memory_bytes(len(loaded["ts"]), indexed)
+    assert 0.75 <= measured / expected <= 1.25, (measured, expected)
 
 
 def test_decode_many_reads_the_headers_then_every_chunk_in_two_batched_reads() -> None:
