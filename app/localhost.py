@@ -10,13 +10,24 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["Subprocess", "free_port", "in_ci", "worker_argv", "worker_env"]
+__all__ = ["Subprocess", "free_port", "in_ci", "interrupt_on_sigterm", "worker_argv", "worker_env"]
 
 
 def in_ci() -> bool:
     """True under CI (``CI`` set to anything but empty, ``0`` or ``false``), where ``make system-tools`` can install
     the programs the tests drive: a check that cannot run for want of one then fails instead of skipping."""
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM raise ``KeyboardInterrupt`` in the main thread: a script that started a worker or a broker
+    then stops them on ``kill`` as on Ctrl-C (its ``finally`` blocks run; by default SIGTERM skips them and
+    leaves the children running)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def free_port() -> int:

@@ -34,6 +34,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from app.localhost import interrupt_on_sigterm
 from bench.harness import MODES, ROOT, SECURED, Plan, run_all
 from bench.secured import MissingKeytool, SecuredBroker
 from tables.kafka import Connection
@@ -191,6 +192,7 @@ async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
+    interrupt_on_sigterm()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.report_only:

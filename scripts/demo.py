@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from rich.live import Live
 from rich.table import Table
 
 from app.loadgen import produce
-from app.localhost import Subprocess, worker_argv
+from app.localhost import Subprocess, interrupt_on_sigterm, worker_argv
 from app.settings import Settings
 from app.synthetic import Synthetic, generator_for
 from app.topics import delete_topics
@@ -278,12 +277,8 @@ def summary(sent: int, tally: Tally, args: argparse.Namespace, stats: dict[str, 
     return 0 if ok else 1
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> int:
-    signal.signal(signal.SIGTERM, _interrupt)  # clean up on `kill` as on Ctrl-C
+    interrupt_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--duration", type=float, default=30.0)

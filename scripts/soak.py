@@ -43,7 +43,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer
 
-from app.localhost import Subprocess, free_port, worker_argv, worker_env
+from app.localhost import Subprocess, free_port, interrupt_on_sigterm, worker_argv, worker_env
 from tables.kafka import client_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -272,6 +272,7 @@ def plot(out: Path, runs: list[str]) -> None:
 
 
 def main() -> None:
+    interrupt_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=3000.0, help="events per second, open loop")
     parser.add_argument("--duration", type=float, default=1800.0, help="seconds of load")

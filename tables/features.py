@@ -97,6 +97,7 @@ DEFAULT_SPEC = load_spec(EXAMPLE_SPEC)
 
 
 _COLUMNS = ("ts", "id", "seq")
+_FLOAT = {float}
 
 
 class KeyState(dict[str, Any]):
@@ -176,7 +177,7 @@ def _compact_column(column: Sequence[Any]) -> Sequence[Any]:
     """A value column as an array of doubles if it holds floats only, else as a tuple."""
     if type(column) is array or (type(column) is tuple and not (column and type(column[0]) is float)):
         return column
-    if column and all(type(value) is float for value in column):
+    if column and type(column[0]) is float and set(map(type, column)) == _FLOAT:
         return array("d", column)
     return column if type(column) is tuple else tuple(column)
 

@@ -51,7 +51,7 @@ from typing import Any
 
 import orjson
 
-from tables.features import KeyState, as_lists, compact, new_state, upgrade_state
+from tables.features import KeyState, compact, new_state, upgrade_state
 
 __all__ = ["CHUNK_EVENTS", "Packed", "Stored", "held_of",
            "chunk_key", "changes", "decode", "decode_many", "events_held", "stored_key"]
@@ -143,7 +143,9 @@ def _decode(meta: dict[str, Any], get: Callable[[bytes], bytes | None], state_ke
         state = upgrade_state(meta)
         return state, Stored(n=state["n"], held=len(state["ts"]), legacy=[])
     state = new_state(2 if version == 2 else len(meta["e"]) - 3)  # the layout of per-minute buckets had two
-    as_lists(state)  # filled in place, then compacted
+    # Filled in place, then compacted: times and arrival numbers straight into their arrays (C-level), the
+    # other columns as lists first (a value column becomes an array of doubles only if it holds floats alone).
+    state["id"], state["values"] = [], [[] for _ in state["values"]]
     state["n"], state["prev"], state["pv"] = meta["n"], meta["prev"], meta.get("pv")
     if version == 2:
         keys = [state_key + _SEPARATOR + str(bucket).encode() for bucket in sorted(meta["b"])]
