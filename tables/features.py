@@ -10,21 +10,18 @@ names the features, in model order.
 State per key is one small dict of parallel columns sorted by event time (ties in arrival order)::
 
     {"n": <arrival counter>, "prev": <max ts evicted, or None>, "pv": <that event's values, or None>,
-     "ts": [ms, ...], "id": (event_id, ...), "seq": [arrival number, ...],
+     "ts": [ms, ...], "id": [event_id, ...], "seq": [arrival number, ...],
      "values": ([value, ...], ...)}
 
 Numbers are held in :class:`array.array` columns (``ts`` and ``seq`` as 64-bit integers, a column of
-float values as doubles), the rest (ids, strings) in tuples (:func:`compact`). CPython's cyclic
-collector walks neither element by element: an array holds no objects (the collector visits it as
-one object), and a tuple of numbers and strings is untracked by the first collection that sees it.
-So a full collection walks a few objects per cached key, not every value (with lists, 410 ms for
-88,000 keys of 8 events; with tuples, 50 ms). A young collection walks each new tuple element by
-element once, and each element is a cold read of a cached key's memory: with every column a tuple
-rebuilt per event, young collections took 7 % of the event loop at 3,000 events/s with 88,000 keys
-cached. An array takes an event in place (it is not new, so no young collection walks it) and holds
-a number in 8 bytes, where a number object in a tuple takes 32 and its slot 8 more; the ids and the
-string columns are rebuilt (a C-level copy). A hot key, one with a window index (below), holds lists
-instead, changed in place as the index follows them; a state as JSON gives it (lists) is served as it is.
+float values as doubles), the rest (ids, strings) in lists (:func:`compact`), and every column takes
+an event in place. A column that is not new is walked by no young collection, and a worker runs no
+other kind on what it has held for a tenth of a second (``app.scoring`` freezes what each young
+collection leaves). A column rebuilt at each event (tuples were) is walked element by element by the
+next young collection, each element a cold read of a cached key's memory: 5.6 µs of 40.3 per event
+with 100,000 keys of 54 events, against 0.3 of 32.7 in place. An array also holds a number in 8
+bytes, where a number object takes 32 and its slot 8 more. A hot key, one with a window index
+(below), holds its numbers in lists too, changed in place as the index follows them.
 
 ``values`` holds one column per field the spec's features read (``spec.stored``, in that order). A new
 event is inserted with ``bisect``; every event already in the state arrived before it, so its
@@ -103,7 +100,7 @@ _FLOAT = {float}
 class KeyState(dict[str, Any]):
     """A key's state: a plain dict of columns (what is stored), plus its in-memory window index.
 
-    Columns are arrays and tuples (:func:`compact`), or lists while a window index follows them; two
+    Columns are arrays and lists (:func:`compact`), or all lists while a window index follows them; two
     states are equal when they hold the same values, whichever.
     """
 
@@ -147,26 +144,25 @@ class Applied:
 def new_state(width: int | FeatureSpec = DEFAULT_SPEC) -> KeyState:
     """Return the state of a key that has seen nothing: ``width`` value columns (or a spec's ``stored`` fields)."""
     columns = len(width.stored) if isinstance(width, FeatureSpec) else width
-    return KeyState(n=0, prev=None, pv=None, ts=array("q"), id=(), seq=array("q"), values=((),) * columns)
+    return KeyState(n=0, prev=None, pv=None, ts=array("q"), id=[], seq=array("q"),
+                    values=tuple([] for _ in range(columns)))
 
 
 def compact(state: KeyState) -> KeyState:
-    """Hold ``state``'s columns as arrays and tuples (unless it has a window index, whose key keeps lists);
+    """Hold ``state``'s columns as arrays and lists (unless it has a window index, whose key keeps lists);
     return it.
 
-    What the cyclic garbage collector does not walk element by element: times and arrival numbers as
-    arrays of 64-bit integers, a column of floats as an array of doubles (no objects inside), any other
-    column (ids, strings) as a tuple, which the first collection that sees it untracks. A cached key
-    costs a full collection a few objects, not one per value (a full collection walked every element of
-    every cached key's lists: 0.7 s for 88,000 keys).
+    Times and arrival numbers as arrays of 64-bit integers, a column of floats as an array of doubles (8
+    bytes a number, no objects inside), any other column (ids, strings) as a list: each takes an event in
+    place, so a cached key's columns are never new again and no young collection walks them.
     """
     if type(state) is KeyState and state.index is not None:
         return state
     for name in ("ts", "seq"):
         if type(state[name]) is not array:
             state[name] = array("q", state[name])
-    if type(state["id"]) is not tuple:
-        state["id"] = tuple(state["id"])
+    if type(state["id"]) is not list:
+        state["id"] = list(state["id"])
     state["values"] = tuple([_compact_column(column) for column in state["values"]])
     if state["pv"] is not None and type(state["pv"]) is not tuple:
         state["pv"] = tuple(state["pv"])
@@ -174,22 +170,21 @@ def compact(state: KeyState) -> KeyState:
 
 
 def _compact_column(column: Sequence[Any]) -> Sequence[Any]:
-    """A value column as an array of doubles if it holds floats only, else as a tuple."""
-    if type(column) is array or (type(column) is tuple and not (column and type(column[0]) is float)):
+    """A value column as an array of doubles if it holds floats only, else as a list."""
+    if type(column) is array or (type(column) is list and not (column and type(column[0]) is float)):
         return column
     if column and type(column[0]) is float and set(map(type, column)) == _FLOAT:
         return array("d", column)
-    return column if type(column) is tuple else tuple(column)
+    return column if type(column) is list else list(column)
 
 
 def _with(column: Sequence[Any], pos: int, value: Any) -> Sequence[Any]:
-    """``column`` (an array or a tuple) with ``value`` inserted at ``pos``: an array in place, a tuple rebuilt."""
-    if type(column) is array:
-        column.insert(pos, value)
-        return column
-    if not column and type(value) is float:  # the first value of a numeric column: it starts an array
+    """``column`` (an array or a list) with ``value`` inserted at ``pos``, in place; an empty column that
+    gets a float becomes an array."""
+    if not column and type(value) is float and type(column) is not array:  # a numeric column's first value
         return array("d", (value,))
-    return column + (value,) if pos == len(column) else (*column[:pos], value, *column[pos:])  # type: ignore[operator]
+    column.insert(pos, value)  # type: ignore[attr-defined]
+    return column
 
 
 def as_lists(state: KeyState) -> None:
@@ -253,14 +248,18 @@ def apply_event(
     state["n"] += 1
     times: Sequence[int] = state["ts"]
     pos = bisect_right(times, ts_ms)
-    if not isinstance(times, list):  # compact (see compact): arrays take the event in place, tuples are rebuilt
-        if type(times) is not array or type(ids) is not tuple:  # columns of tuples, as an earlier seam held them
-            times, ids = compact(state)["ts"], state["id"]
+    if not isinstance(times, list):  # compact (see compact): arrays and lists, each takes the event in place
+        if type(times) is not array or type(ids) is not list or type(state["values"]) is not tuple:
+            times, ids = compact(state)["ts"], state["id"]  # columns of tuples, as an earlier seam held them
         times.insert(pos, ts_ms)  # type: ignore[union-attr]
         state["seq"].insert(pos, state["n"])
-        state["id"] = ids + (event_id,) if pos == len(ids) else (*ids[:pos], event_id, *ids[pos:])  # type: ignore[operator]
-        state["values"] = tuple([_with(column, pos, value)
-                                 for column, value in zip(state["values"], values, strict=True)])
+        ids.insert(pos, event_id)  # type: ignore[union-attr]
+        if len(ids) > 1:
+            for column, value in zip(state["values"], values, strict=True):
+                column.insert(pos, value)
+        else:  # the key's first event: a column of floats starts an array
+            state["values"] = tuple([_with(column, pos, value)
+                                     for column, value in zip(state["values"], values, strict=True)])
     else:  # lists: a hot key's, or a state as JSON gives it
         times.insert(pos, ts_ms)  # type: ignore[attr-defined]
         ids.insert(pos, event_id)  # type: ignore[attr-defined]

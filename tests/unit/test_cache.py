@@ -164,14 +164,14 @@ def test_unknown_card_is_a_new_state_loaded_once(tables: Tables, make_cache: Cal
     state = cache.state(0, "nobody")
     assert state == new_state()
     apply(state, "e1")
-    assert cache.state(0, "nobody") is state and state["id"] == ("e1",)
+    assert cache.state(0, "nobody") is state and state["id"] == ["e1"]
     assert tables.ops("load_state") == [(0, "nobody")]
 
 
 def test_same_card_id_in_two_partitions_is_two_states(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
     tables.cards[(1, "c")] = stored_state("in-1")
     cache = make_cache()
-    assert cache.state(1, "c")["id"] == ("in-1",)
+    assert cache.state(1, "c")["id"] == ["in-1"]
     assert cache.state(3, "c") == new_state()
     assert tables.ops("load_state") == [(1, "c"), (3, "c")]
 
@@ -213,8 +213,8 @@ def test_flush_writes_each_touched_card_once_in_its_scope(
     assert tables.ops("store_state") == []  # nothing is written before a flush
     assert cache.flush() == 2
     assert sorted(tables.ops("store_state"), key=str) == [(0, "a"), (1, "b")]
-    assert tables.cards[(0, "a")]["id"] == ("a0", "a1", "a2")
-    assert tables.cards[(1, "b")]["id"] == ("b0",)
+    assert tables.cards[(0, "a")]["id"] == ["a0", "a1", "a2"]
+    assert tables.cards[(1, "b")]["id"] == ["b0"]
     assert (1, "untouched") not in tables.cards
     assert cache.dirty_keys() == 0
 
@@ -234,7 +234,7 @@ def test_a_second_flush_writes_only_what_was_touched_since(
     cache.touch(0, "b")
     assert cache.flush() == 1
     assert tables.ops("store_state") in ([(0, "a"), (0, "b"), (0, "b")], [(0, "b"), (0, "a"), (0, "b")])
-    assert tables.cards[(0, "b")]["id"] == ("b0", "b1")
+    assert tables.cards[(0, "b")]["id"] == ["b0", "b1"]
 
 
 def test_table_holds_a_snapshot_of_the_flushed_state(tables: Tables, make_cache: Callable[..., StateCache]) -> None:
@@ -244,7 +244,7 @@ def test_table_holds_a_snapshot_of_the_flushed_state(tables: Tables, make_cache:
     cache.touch(0, "c")
     cache.flush()
     apply(state, "not-yet", T + 1)  # changed after the flush, not touched
-    assert tables.cards[(0, "c")]["id"] == ("flushed",)
+    assert tables.cards[(0, "c")]["id"] == ["flushed"]
     assert cache.flush() == 0
 
 
@@ -297,7 +297,7 @@ def test_flushed_state_and_watermark_restore_into_a_new_cache(
     cache.touch_watermark(2)
     assert cache.flush() == 2
     restored = make_cache()
-    assert restored.state(2, "c")["id"] == ("e1",)
+    assert restored.state(2, "c")["id"] == ["e1"]
     assert restored.watermark(2).max_ts == T + 7
 
 
@@ -378,7 +378,7 @@ def test_forget_drops_states_watermarks_dirty_marks_and_deferred_acks(
     cache.ack_when_flushed(cache.write_round, lambda: runs.append("ack"))
     cache.forget()
     assert cache.dirty_keys() == 0
-    assert cache.state(0, "c")["id"] == ("stored",)  # reloaded: the unflushed change is gone
+    assert cache.state(0, "c")["id"] == ["stored"]  # reloaded: the unflushed change is gone
     assert cache.watermark(0).max_ts == T  # reloaded from the table
     assert len(tables.ops("load_state")) == 2 and len(tables.ops("load_watermark")) == 2
     assert cache.flush() == 0
@@ -399,7 +399,7 @@ def test_clean_cache_is_cleared_after_a_flush_beyond_the_bound(
     assert cache.flush() == 1
     assert len(tables.ops("load_state")) == 3
     reloaded = cache.state(0, "a")
-    assert reloaded is not states[0] and reloaded["id"] == ("a1",)  # from the table, with the flushed change
+    assert reloaded is not states[0] and reloaded["id"] == ["a1"]  # from the table, with the flushed change
     assert len(tables.ops("load_state")) == 4
 
 
@@ -493,7 +493,7 @@ def test_a_restored_card_raises_a_lagging_watermark_and_marks_it_for_the_next_fl
     """A crash between the two changelog writes of a flush leaves the watermark behind a card's state."""
     state = stored_state("e1", T)
     apply(state, "e2", T + 3 * 3_600_000)  # evicts e1: far older than the card's newest event
-    assert state["id"] == ("e2",)
+    assert state["id"] == ["e2"]
     tables.cards[(1, "c")] = state
     tables.watermarks[1] = T  # the watermark written before e2 was applied
     cache = make_cache()

@@ -319,4 +319,4 @@ def test_a_key_holding_nul_keeps_its_state_apart_from_the_key_it_starts_with() -
     for key, amount in (("a", 1.0), ("a\x00c0", 2.0)):
         state_key = stored_key(key)
         loaded, _ = decode(table.data[state_key], table.data.get, state_key)
-        assert list(loaded["values"][0]) == [amount] and loaded["id"] == (f"{key}-e",)
+        assert list(loaded["values"][0]) == [amount] and loaded["id"] == [f"{key}-e"]
