@@ -10,12 +10,13 @@ names the features, in model order.
 State per key is one small dict of parallel columns sorted by event time (ties in arrival order)::
 
     {"n": <arrival counter>, "prev": <max ts evicted, or None>, "pv": <that event's values, or None>,
-     "ts": [ms, ...], "id": [event_id, ...], "seq": [arrival number, ...],
+     "ts": [ms, ...], "id": IdColumn([event_id, ...]), "seq": [arrival number, ...],
      "values": ([value, ...], ...)}
 
 Numbers are held in :class:`array.array` columns (``ts`` and ``seq`` as 64-bit integers, a column of
-float values as doubles), the rest (ids, strings) in lists (:func:`compact`), and every column takes
-an event in place. A column that is not new is walked by no young collection, and a worker runs no
+float values as doubles), the ids in one string (:class:`IdColumn`: 21 bytes an id of 20 characters,
+where its string object and a slot took 80), other strings in lists (:func:`compact`), and every column
+takes an event in place. A column that is not new is walked by no young collection, and a worker runs no
 other kind on what it has held for a tenth of a second (``app.scoring`` freezes what each young
 collection leaves). A column rebuilt at each event (tuples were) is walked element by element by the
 next young collection, each element a cold read of a cached key's memory: 5.6 µs of 40.3 per event
@@ -62,7 +63,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from math import fsum, sqrt
 from typing import Any
@@ -71,7 +72,8 @@ from specs import EXAMPLE_SPEC
 from tables.spec import FeatureSpec, feature_set_version, load_spec
 
 __all__ = [
-    "DEFAULT_SPEC", "HOT_EVENTS", "INDEX_AFTER", "Applied", "KeyState", "FeatureSpec", "Watermark", "apply_event",
+    "DEFAULT_SPEC", "HOT_EVENTS", "INDEX_AFTER", "Applied", "IdColumn", "KeyState", "FeatureSpec", "Watermark",
+    "apply_event",
     "as_lists", "as_plain", "compact", "event_ids", "feature_set_version", "has_event",
     "latest_features", "memory_bytes", "new_state", "replayable", "upgrade_state",
 ]
@@ -82,12 +84,13 @@ HOT_EVENTS = 96  # a key holding this many events may get a _WindowIndex (below,
 INDEX_AFTER = 16
 # What a key's state costs in memory, measured with tracemalloc on decoded states of the example spec
 # (synthetic keys: ids of about 20 characters, interned merchants): the dict, its columns and the cache's
-# entries; each event held (its id and its slot, 8 bytes each of time, arrival number and amount in their
-# arrays, a merchant's slot); an indexed event's share of the index (an id-set slot, a prefix sum; its
-# columns are lists then). tests/unit/test_key_store.py holds them to the measure.
-KEY_BYTES = 1_900
-EVENT_BYTES = 120
-INDEXED_EVENT_BYTES = 170
+# entries; each event held (its id's characters and a NUL in its IdColumn, 8 bytes each of time, arrival
+# number and amount in their arrays, a merchant's slot); an indexed event's share of the index (its id as a
+# string object, in a list and a set, a prefix sum; its columns are lists then). tests/unit/test_key_store.py
+# holds them to the measure.
+KEY_BYTES = 2_000
+EVENT_BYTES = 58
+INDEXED_EVENT_BYTES = 260
 
 # The example spec (specs/fraud.toml): what a worker computes unless SEAM_FEATURE_SPEC names another.
 DEFAULT_SPEC = load_spec(EXAMPLE_SPEC)
@@ -95,13 +98,110 @@ DEFAULT_SPEC = load_spec(EXAMPLE_SPEC)
 
 _COLUMNS = ("ts", "id", "seq")
 _FLOAT = {float}
+_END = "\x00"  # in an IdColumn's text: before the first id and after each
+_ESCAPE = "\x01"  # ... and what stands for NUL (\x01b) or itself (\x01a) inside an id
+
+
+def _escaped(event_id: str) -> str:
+    if _END in event_id or _ESCAPE in event_id:
+        return event_id.replace(_ESCAPE, _ESCAPE + "a").replace(_END, _ESCAPE + "b")
+    return event_id
+
+
+def _unescaped(held: str) -> str:
+    head, *rest = held.split(_ESCAPE)
+    return head + "".join((_ESCAPE if part[0] == "a" else _END) + part[1:] for part in rest)
+
+
+class IdColumn:
+    """A key's event ids in the state's order, held as one string: NUL before the first id and after each.
+
+    In a list, an id of 20 characters costs 80 bytes (its string object and its slot); here 21, and the
+    column is one object that the cyclic garbage collector does not track. Whether an id is held is a
+    C-level search for NUL, the id, NUL. An id goes in at the end (events arrive mostly in order) or, out
+    of order, after the NULs counted back from the end; positions and slices split the text (a flush, an
+    eviction, a replay). NUL and ``\x01`` inside an id are escaped, so any id can be held.
+    """
+
+    __slots__ = ("count", "text")
+
+    def __init__(self, ids: Iterable[str] = ()) -> None:
+        held = ids if isinstance(ids, list) else list(ids)
+        joined = _END.join(held)
+        if _ESCAPE in joined or joined.count(_END) != max(len(held) - 1, 0):
+            joined = _END.join(map(_escaped, held))
+        self.text = f"{_END}{joined}{_END}" if held else _END
+        self.count = len(held)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, event_id: object) -> bool:
+        if not isinstance(event_id, str):
+            return False
+        if _END in event_id or _ESCAPE in event_id:
+            event_id = _escaped(event_id)
+        return f"\x00{event_id}\x00" in self.text
+
+    def as_list(self) -> list[str]:
+        """The ids, in order."""
+        if not self.count:
+            return []
+        ids = self.text[1:-1].split(_END)
+        return [_unescaped(held) for held in ids] if _ESCAPE in self.text else ids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_list())
+
+    def __getitem__(self, item: int | slice) -> Any:
+        return self.as_list()[item]
+
+    def __delitem__(self, item: slice) -> None:
+        """Drop the oldest ids: ``del column[:count]`` (the only deletion a state makes)."""
+        start, stop, step = item.indices(self.count)
+        if start or step != 1:
+            raise TypeError("an IdColumn drops a prefix only")
+        text, cut = self.text, 0
+        for _ in range(stop):
+            cut = text.find(_END, cut + 1)
+        self.text, self.count = text[cut:], self.count - stop
+
+    def insert(self, pos: int, event_id: str) -> None:
+        """Insert ``event_id`` before the id at ``pos`` (at the end if ``pos`` is the length)."""
+        if _END in event_id or _ESCAPE in event_id:
+            event_id = _escaped(event_id)
+        if pos >= self.count:
+            self.text = f"{self.text}{event_id}\x00"
+        else:
+            text = self.text
+            cut = len(text) - 1
+            for _ in range(self.count - max(pos, 0)):
+                cut = text.rfind(_END, 0, cut)
+            self.text = f"{text[:cut + 1]}{event_id}{_END}{text[cut + 1:]}"
+        self.count += 1
+
+    def index(self, event_id: str) -> int:
+        """The position of ``event_id``."""
+        return self.as_list().index(event_id)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, IdColumn):
+            return self.text == other.text
+        if isinstance(other, list | tuple):
+            return self.as_list() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"IdColumn({self.as_list()!r})"
 
 
 class KeyState(dict[str, Any]):
     """A key's state: a plain dict of columns (what is stored), plus its in-memory window index.
 
-    Columns are arrays and lists (:func:`compact`), or all lists while a window index follows them; two
-    states are equal when they hold the same values, whichever.
+    Columns are arrays, an IdColumn and lists (:func:`compact`), or all lists while a window index follows
+    them; two states are equal when they hold the same values, whichever.
     """
 
     __slots__ = ("index", "sliced")
@@ -144,25 +244,26 @@ class Applied:
 def new_state(width: int | FeatureSpec = DEFAULT_SPEC) -> KeyState:
     """Return the state of a key that has seen nothing: ``width`` value columns (or a spec's ``stored`` fields)."""
     columns = len(width.stored) if isinstance(width, FeatureSpec) else width
-    return KeyState(n=0, prev=None, pv=None, ts=array("q"), id=[], seq=array("q"),
+    return KeyState(n=0, prev=None, pv=None, ts=array("q"), id=IdColumn(), seq=array("q"),
                     values=tuple([] for _ in range(columns)))
 
 
 def compact(state: KeyState) -> KeyState:
-    """Hold ``state``'s columns as arrays and lists (unless it has a window index, whose key keeps lists);
-    return it.
+    """Hold ``state``'s columns as arrays, an IdColumn and lists (unless it has a window index, whose key
+    keeps lists); return it.
 
     Times and arrival numbers as arrays of 64-bit integers, a column of floats as an array of doubles (8
-    bytes a number, no objects inside), any other column (ids, strings) as a list: each takes an event in
-    place, so a cached key's columns are never new again and no young collection walks them.
+    bytes a number, no objects inside), the ids as an :class:`IdColumn` (one string), any other column
+    (strings) as a list: each takes an event in place, so a cached key's columns are never new again and
+    no young collection walks them.
     """
     if type(state) is KeyState and state.index is not None:
         return state
     for name in ("ts", "seq"):
         if type(state[name]) is not array:
             state[name] = array("q", state[name])
-    if type(state["id"]) is not list:
-        state["id"] = list(state["id"])
+    if type(state["id"]) is not IdColumn:
+        state["id"] = IdColumn(state["id"])
     state["values"] = tuple([_compact_column(column) for column in state["values"]])
     if state["pv"] is not None and type(state["pv"]) is not tuple:
         state["pv"] = tuple(state["pv"])
@@ -249,11 +350,11 @@ def apply_event(
     times: Sequence[int] = state["ts"]
     pos = bisect_right(times, ts_ms)
     if not isinstance(times, list):  # compact (see compact): arrays and lists, each takes the event in place
-        if type(times) is not array or type(ids) is not list or type(state["values"]) is not tuple:
+        if type(times) is not array or type(ids) is not IdColumn or type(state["values"]) is not tuple:
             times, ids = compact(state)["ts"], state["id"]  # columns of tuples, as an earlier seam held them
-        times.insert(pos, ts_ms)  # type: ignore[union-attr]
+        times.insert(pos, ts_ms)  # type: ignore[attr-defined]
         state["seq"].insert(pos, state["n"])
-        ids.insert(pos, event_id)  # type: ignore[union-attr]
+        ids.insert(pos, event_id)  # type: ignore[attr-defined]
         if len(ids) > 1:
             for column, value in zip(state["values"], values, strict=True):
                 column.insert(pos, value)
@@ -451,7 +552,8 @@ def _taken(column: Sequence[Any], keep: list[int]) -> Sequence[Any]:
     """The elements of ``column`` at ``keep``, in a column of its kind."""
     if type(column) is array:
         return array(column.typecode, [column[i] for i in keep])
-    return type(column)(column[i] for i in keep)  # type: ignore[call-arg]
+    held = column.as_list() if type(column) is IdColumn else column
+    return type(column)(held[i] for i in keep)  # type: ignore[call-arg]
 
 
 def _dropped(column: Sequence[Any], count: int) -> Sequence[Any]:

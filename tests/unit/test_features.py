@@ -22,6 +22,7 @@ from tables.features import (
     DEFAULT_SPEC,
     Applied,
     FeatureSpec,
+    IdColumn,
     KeyState,
     Watermark,
     apply_event,
@@ -463,11 +464,12 @@ def test_new_state_shape() -> None:
 
 
 def test_a_cached_keys_columns_take_events_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below HOT_EVENTS a state's columns are arrays of numbers (which hold no objects) and lists of strings,
-    and each takes a new event in place: once a young collection has seen a key, its later events make no
-    new object that holds its values, so no collection walks them again (a worker freezes what each young
-    collection leaves, app.scoring). A hot key keeps its numbers in lists too (its window index follows them
-    in place) and gets arrays back once it is compacted without one."""
+    """Below HOT_EVENTS a state's columns are arrays of numbers (which hold no objects), its ids one
+    string (IdColumn) and lists of other strings, and each takes a new event in place: once a young
+    collection has seen a key, its later events make no new object that holds its values, so no collection
+    walks them again (a worker freezes what each young collection leaves, app.scoring). A hot key keeps its
+    numbers in lists too (its window index follows them in place) and gets arrays back once it is compacted
+    without one."""
     monkeypatch.setattr(features, "HOT_EVENTS", 96)
     monkeypatch.setattr(features, "INDEX_AFTER", 0)
     rng = random.Random(8)
@@ -477,7 +479,7 @@ def test_a_cached_keys_columns_take_events_in_place(monkeypatch: pytest.MonkeyPa
         apply_event(state, f"e{i}", ts, (float(i), f"m{i % 3}"), allowed_lateness_ms=LATENESS_MS)
     assert state["prev"] is not None
     columns = [state[name] for name in ("ts", "id", "seq", "values")] + list(state["values"])
-    assert [type(column) for column in columns] == [array, list, array, tuple, array, list]
+    assert [type(column) for column in columns] == [array, IdColumn, array, tuple, array, list]
     held = len(state["ts"])
     gc.collect(0)
     gc.freeze()
@@ -496,8 +498,36 @@ def test_a_cached_keys_columns_take_events_in_place(monkeypatch: pytest.MonkeyPa
     assert hot.index is not None and type(hot["ts"]) is list and type(hot["values"][0]) is list
     hot.index = None
     compact(hot)
-    assert [type(hot[name]) for name in ("ts", "id", "seq")] == [array, list, array]
+    assert [type(hot[name]) for name in ("ts", "id", "seq")] == [array, IdColumn, array]
     assert [type(column) for column in hot["values"]] == [array, list]
+
+
+_ID_TEXT = st.text(alphabet="ab\x00\x01", max_size=4)  # the separator and the escape inside ids, and empty ids
+
+
+@hsettings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(st.lists(_ID_TEXT, max_size=8), st.lists(st.tuples(st.sampled_from(["insert", "drop"]), st.integers(0, 12),
+                                                          _ID_TEXT), max_size=12))
+def test_an_id_column_holds_any_ids_as_a_list_would(start: list[str], steps: list[tuple[str, int, str]]) -> None:
+    """Whatever its ids hold (NUL, the escape, nothing), an IdColumn answers as the list of them would: its
+    items, slices, membership, positions, and after inserts anywhere and drops of its oldest."""
+    column, model = IdColumn(start), list(start)
+    for step, number, event_id in steps:
+        if step == "insert":
+            pos = number % (len(model) + 1)
+            column.insert(pos, event_id)
+            model.insert(pos, event_id)
+        else:
+            count = number % (len(model) + 1)
+            del column[:count]
+            del model[:count]
+        assert len(column) == len(model) and column == model and list(column) == model
+        assert column[1:3] == model[1:3] and (not model or column[-1] == model[-1])
+        for probe in {*model, "a", "\x00", "", "a\x00b", "\x01"}:
+            assert (probe in column) == (probe in model)
+            if probe in model:
+                assert column.index(probe) == model.index(probe)
+    assert IdColumn(model) == column and IdColumn(iter(model)) == model
 
 
 def test_state_survives_a_json_round_trip() -> None:
