@@ -117,7 +117,7 @@ class IdColumn:
     """A key's event ids in the state's order, held as one string: NUL before the first id and after each.
 
     In a list, an id of 20 characters costs 80 bytes (its string object and its slot); here 21, and the
-    column is one object that the cyclic garbage collector does not track. Whether an id is held is a
+    collector sees one object with one untracked string, however many ids it holds. Whether an id is held is a
     C-level search for NUL, the id, NUL. An id goes in at the end (events arrive mostly in order) or, out
     of order, after the NULs counted back from the end; positions and slices split the text (a flush, an
     eviction, a replay). NUL and ``\x01`` inside an id are escaped, so any id can be held.
