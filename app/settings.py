@@ -122,7 +122,7 @@ class Settings:
     # The feature spec (a TOML file: tables.spec): the input's fields, the allowed lateness, the features.
     feature_spec: Path = EXAMPLE_SPEC
     # Memory for the card states kept beyond what is being changed (the rest is read back from
-    # RocksDB): about 2 KB per card plus 58 bytes per event held (318 while a busy card keeps a window index).
+    # RocksDB): about 1 KB per card plus 58 bytes per event held (318 while a busy card keeps a window index).
     state_cache_mb: int = 256
     # RocksDB's own memory for the card-state table, per table partition this worker opens: its block
     # cache (blocks read back from disk) and its write buffers (two memtables of a quarter each).

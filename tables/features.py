@@ -82,13 +82,14 @@ HOT_EVENTS = 96  # a key holding this many events may get a _WindowIndex (below,
 # ... once slices have scored it this many times since its state was read or made (it pays for the index
 # only if it stays cached, and a key read back on a miss is often scored once and dropped again)
 INDEX_AFTER = 16
-# What a key's state costs in memory, measured with tracemalloc on decoded states of the example spec
-# (synthetic keys: ids of about 20 characters, interned merchants): the dict, its columns and the cache's
-# entries; each event held (its id's characters and a NUL in its IdColumn, 8 bytes each of time, arrival
-# number and amount in their arrays, a merchant's slot); an indexed event's share of the index (its id as a
-# string object, in a list and a set, a prefix sum; its columns are lists then). tests/unit/test_key_store.py
-# holds them to the measure.
-KEY_BYTES = 2_000
+# What a key's state costs in memory, measured with tracemalloc per key over thousands of keys of the example
+# spec read back into a StateCache (synthetic keys: ids of about 20 characters, interned merchants): the dict,
+# its columns, the key and the cache's entries; each event held (its id's characters and a NUL in its IdColumn,
+# 8 bytes each of time, arrival number and amount in their arrays, a merchant's slot, and what the columns hold
+# spare); an indexed event's share of the index (its id as a string object, in a list and a set, a prefix sum;
+# its columns are lists then). tests/unit/test_key_store.py holds them to the measure. (One key measured alone
+# also counts the free lists its decoding fills, about 900 bytes: what KEY_BYTES was, 2,000, counted.)
+KEY_BYTES = 1_050
 EVENT_BYTES = 58
 INDEXED_EVENT_BYTES = 260
 
