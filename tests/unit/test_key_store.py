@@ -272,6 +272,7 @@ def test_memory_bytes_is_what_a_cached_card_takes(events: int, indexed: bool, mo
     tracemalloc.start()
     try:
         traced = []  # after the first half of the cards and after the rest: what the second half took
+        second_half: list[KeyState] = []
         for first in range(0, cards, 16):
             if first == cards // 2:
                 gc.collect()
@@ -284,11 +285,13 @@ def test_memory_bytes_is_what_a_cached_card_takes(events: int, indexed: bool, mo
                     apply_event(state, f"one-more-event-{key}", state["ts"][-1] + 1, (1.0, "m-1"),
                                 allowed_lateness_ms=LATENESS_MS)
                     assert state.index is not None
+                if traced:
+                    second_half.append(state)
         gc.collect()
         traced.append(tracemalloc.get_traced_memory()[0])
     finally:
         tracemalloc.stop()
-    second_half = list(cache._states[0].values())[cards // 2:]
+    assert len(second_half) == cards // 2
     measured = (traced[1] - traced[0]) / len(second_half)
     expected = sum(memory_bytes(len(state["ts"]), indexed) for state in second_half) / len(second_half)
     assert 0.9 <= measured / expected <= 1.1, (measured, expected)
