@@ -450,7 +450,8 @@ class ScoringService(Service):
         restores = [Restore(tp.topic, tp.partition, max(0, (end or 0) - offsets.get(tp, -1)))
                     for tp, end in highwaters.items()] if in_recovery else []
         return Snapshot(topic, inputs, state, restores, rebalancing=bool(app.rebalancing),
-                        cache_hits=pipeline.cache.hits, cache_misses=pipeline.cache.misses)
+                        cache_hits=pipeline.cache.hits, cache_misses=pipeline.cache.misses,
+                        db_memory=self.tables.db_memory(), db_memory_limit=self.tables.db_memory_limit)
 
     async def before_shutdown(self) -> None:
         await self.guarantee.before_shutdown()

@@ -124,9 +124,10 @@ class Settings:
     # Memory for the card states kept beyond what is being changed (the rest is read back from
     # RocksDB): about 1 KB per card plus 58 bytes per event held (318 while a busy card keeps a window index).
     state_cache_mb: int = 256
-    # RocksDB's own memory for the card-state table, per table partition this worker opens: its block
-    # cache (blocks read back from disk) and its write buffers (two memtables of a quarter each).
-    state_db_memory_mb: int = 32
+    # RocksDB's own memory, all the table partitions this worker opens together (active and standby): one
+    # block cache (blocks read back from disk, index and filter blocks) charged for the memtables too, which
+    # are kept under half of it.
+    state_db_memory_mb: int = 64
     # Input records with a larger value go to the dead-letter topic as too_large.
     max_record_bytes: int = 64 * 1024
     # An input record whose event time is more than this ahead of its Kafka timestamp goes to the dead-letter
@@ -203,8 +204,8 @@ class Settings:
             raise SettingsError(f"SEAM_MAX_MODEL_MB must be >= 1, got {self.max_model_mb}")
         if self.state_cache_mb < 1:
             raise SettingsError(f"SEAM_STATE_CACHE_MB must be >= 1, got {self.state_cache_mb}")
-        if self.state_db_memory_mb < 4:
-            raise SettingsError(f"SEAM_STATE_DB_MEMORY_MB must be >= 4, got {self.state_db_memory_mb}")
+        if self.state_db_memory_mb < 8:
+            raise SettingsError(f"SEAM_STATE_DB_MEMORY_MB must be >= 8, got {self.state_db_memory_mb}")
         if self.input_format not in {"json", "avro"}:
             raise SettingsError(f"SEAM_INPUT_FORMAT must be json or avro, got {self.input_format!r}")
         if self.input_format == "avro" and not self.schema_registry_url:

@@ -86,9 +86,10 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
         return float("nan"), float("nan")
 
 
-# The worker's metrics each window reports (cumulative): the state cache, and the collector's pauses by generation.
-REPORTED = ("seam_state_cache", "seam_gc_pause_seconds_sum", "seam_gc_pause_seconds_count", "seam_batch_size_count",
-            "seam_batch_size_sum")
+# The worker's metrics each window reports (cumulative): the state cache, RocksDB's memory, and the collector's
+# pauses by generation.
+REPORTED = ("seam_state_cache", "seam_state_db_memory", "seam_gc_pause_seconds_sum", "seam_gc_pause_seconds_count",
+            "seam_batch_size_count", "seam_batch_size_sum")
 
 
 def scrape(url: str) -> dict[str, float]:

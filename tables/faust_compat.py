@@ -34,7 +34,8 @@ And here:
   ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``, read by ``start()``;
 * the RocksDB store's ``_encode_key``, ``_encode_value``, ``_set``, ``_del``, ``_db_for_partition``
   (also read directly: one read per key instead of Faust's two), ``_dbs`` (the databases opened, for
-  their size), ``use_rocksdict`` and ``set_persisted_offset``;
+  their size), ``use_rocksdict`` and ``set_persisted_offset``, and its ``rocksdb_options`` (replaced, so
+  that every partition's database shares one memory budget: :func:`share_rocksdb_memory`);
 * the consumer's ``_committed_offset`` (read for the consumer lag);
 * ``Recovery.in_recovery``, ``active_highwaters``, ``active_offsets`` and ``TableManager.changelog_queue``;
 * the Faust producer's ``buffer`` (``size``, ``state``, ``flush()``);
@@ -46,10 +47,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
+import rocksdict
 from aiokafka import TopicPartition
 from aiokafka.errors import IllegalStateError
 from faust import current_event as faust_current_event
 from faust.exceptions import ProducerSendError
+from faust.stores.rocksdb import RocksDBOptions
 from faust.streams import _current_event
 from faust.transport.consumer import ack_lock
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -59,7 +62,7 @@ __all__ = [
     "AIOKafkaConsumerThread", "FaustConsumer", "FaustTransport", "ack_lock", "commit_offsets", "current_event",
     "drain_producer_buffer", "encode_key", "encode_value", "fetcher_stopped", "group_distribution", "is_changelog",
     "mark_restored", "persist_changelog_offset", "restore_state", "restoring", "raw_get", "raw_get_many", "rewind",
-    "rocksdb_partition", "store_writes", "tune_fetch", "uses_rocksdict", "without_spinner",
+    "rocksdb_partition", "share_rocksdb_memory", "store_writes", "tune_fetch", "uses_rocksdict", "without_spinner",
 ]
 
 FaustConsumer = faust_aiokafka.Consumer
@@ -174,6 +177,45 @@ def _current_partition_db(store: Any) -> Any:
     """The rocksdict database of the current event's partition, or None (no event, or another store)."""
     event = faust_current_event()
     return rocksdb_partition(store, event.message.partition) if event is not None and uses_rocksdict(store) else None
+
+
+class _SharedMemoryOptions(RocksDBOptions):  # type: ignore[misc]
+    """Faust's rocksdict options (its ``as_options``, rocksdict branch), but with one block cache and one write
+    buffer manager for every database opened with them."""
+
+    def __init__(self, base: RocksDBOptions, cache: rocksdict.Cache,
+                 write_buffers: rocksdict.WriteBufferManager) -> None:
+        super().__init__(max_open_files=base.max_open_files, write_buffer_size=base.write_buffer_size,
+                         max_write_buffer_number=base.max_write_buffer_number,
+                         target_file_size_base=base.target_file_size_base, bloom_filter_size=base.bloom_filter_size,
+                         use_rocksdict=True, ttl=base.ttl)
+        self.cache = cache
+        self.write_buffers = write_buffers
+
+    def as_options(self) -> rocksdict.Options:
+        options = rocksdict.Options(raw_mode=True)
+        options.create_if_missing(True)
+        if self.max_open_files is not None:
+            options.set_max_open_files(self.max_open_files)
+        options.set_write_buffer_size(self.write_buffer_size)
+        options.set_target_file_size_base(self.target_file_size_base)
+        options.set_max_write_buffer_number(self.max_write_buffer_number)
+        options.set_write_buffer_manager(self.write_buffers)
+        table = rocksdict.BlockBasedOptions()
+        table.set_bloom_filter(self.bloom_filter_size, True)
+        table.set_block_cache(self.cache)
+        table.set_index_type(rocksdict.BlockBasedIndexType.binary_search())
+        options.set_block_based_table_factory(table)
+        return options
+
+
+def share_rocksdb_memory(store: Any, cache: rocksdict.Cache, write_buffers: rocksdict.WriteBufferManager) -> bool:
+    """Open every later partition of a rocksdict ``store`` with ``cache`` as its block cache and ``write_buffers``
+    over its memtables; False, changing nothing, for another store."""
+    if not uses_rocksdict(store):
+        return False
+    store.rocksdb_options = _SharedMemoryOptions(store.rocksdb_options, cache, write_buffers)
+    return True
 
 
 def rocksdb_partitions(store: Any) -> Mapping[int, Any]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import faust
+import rocksdict
 
-from tables.faust_compat import raw_get, raw_get_many
+from tables.faust_compat import raw_get, raw_get_many, rocksdb_partitions, share_rocksdb_memory
 from tables.features import KeyState
 from tables.key_store import Stored, changes, decode, decode_many, stored_key
 
@@ -31,14 +32,19 @@ class StateTables:
 
     def __init__(self, app: faust.App, *, partitions: int, db_memory_mb: int) -> None:
         # Faust's RocksDB defaults give every partition's database a 2 GiB block cache and three 64 MiB
-        # memtables, so a worker's memory would grow with the state it has read back, far past the
-        # state cache's bound. Each card-state partition gets SEAM_STATE_DB_MEMORY_MB: half block
-        # cache, half write buffers (two of a quarter each); the watermarks' databases hold one key each.
-        state_db = {
-            "block_cache_size": db_memory_mb * MIB // 2,
-            "write_buffer_size": db_memory_mb * MIB // 4,
-            "max_write_buffer_number": 2,
-        }
+        # memtables, so a worker's memory would grow with the state it read back, and with the partitions it
+        # holds. Every database of both tables (each partition a worker opens, active or standby) shares one
+        # budget, SEAM_STATE_DB_MEMORY_MB: one block cache of that size, charged for the memtables too, which
+        # one write buffer manager keeps under half of it. A database flushes its memtable at an eighth of the
+        # budget, or earlier when the memtables of all of them reach that half. Index and filter blocks stay
+        # with each open file (``table_readers`` below, about 0.5 MB in the soaks): held in a cache this size,
+        # they evicted each other and every read of an evicted one stalled the loop (p99 1.3-1.9 s).
+        budget = db_memory_mb * MIB
+        self.db_memory_limit = budget
+        self.db_cache = rocksdict.Cache(budget)
+        self.db_write_buffers = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+            budget // 2, False, self.db_cache)
+        state_db = {"write_buffer_size": budget // 8, "max_write_buffer_number": 2}
         # Keys: a key id (UTF-8) for the key's header, and key id + NUL + chunk for each sealed
         # chunk of its events; values: JSON (see tables.key_store), raw bytes in store and changelog.
         self.state_table: Any = app.Table(
@@ -53,9 +59,21 @@ class StateTables:
             "watermarks",
             partitions=partitions,
             key_type=bytes,
-            options={"block_cache_size": MIB, "write_buffer_size": MIB, "max_write_buffer_number": 2},
+            options={"write_buffer_size": MIB, "max_write_buffer_number": 2},
             help="Highest event time seen per input partition.",
         )
+        for table in (self.state_table, self.watermarks):
+            share_rocksdb_memory(table.data, self.db_cache, self.db_write_buffers)
+
+    def db_memory(self) -> dict[str, int]:
+        """The bytes RocksDB holds in memory now, all partitions of both tables together, by kind: ``cache``
+        (blocks read back, index and filter blocks, and the memtables' charge: at most ``db_memory_limit``),
+        ``memtables`` (also counted in ``cache``), ``table_readers`` (what open files hold outside the cache)."""
+        readers = sum(db.property_int_value("rocksdb.estimate-table-readers-mem") or 0
+                      for table in (self.state_table, self.watermarks)
+                      for db in rocksdb_partitions(table.data).values())
+        return {"cache": self.db_cache.get_usage(), "memtables": self.db_write_buffers.get_usage(),
+                "table_readers": readers}
 
     def load_state(self, key: str) -> tuple[KeyState, Stored] | None:
         """Read one key's state and what the table holds of it (None if the key is unknown)."""

@@ -12,14 +12,15 @@ each time the page is read, and turns them into gauges:
   handled from the partition reached the broker. The next record reached it no earlier, so this is
   an upper bound on the oldest unhandled record's age, and a close one while the worker is behind.
 * **State** per input partition: the card-state table's RocksDB key estimate and its bytes (SST
-  files and memtables), and while a restore runs, the changelog records it still has to read.
+  files and memtables), and while a restore runs, the changelog records it still has to read; and
+  RocksDB's memory, all partitions together, against its budget.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -102,6 +103,8 @@ class Snapshot:
     rebalancing: bool = False
     cache_hits: int = 0  # key lookups the state cache answered, since the worker started
     cache_misses: int = 0  # key lookups that read the table
+    db_memory: Mapping[str, int] = field(default_factory=dict)  # RocksDB's memory in bytes, by kind
+    db_memory_limit: int = 0  # and its budget (SEAM_STATE_DB_MEMORY_MB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +177,17 @@ class WorkerCollector(Collector):
             keys.add_metric([str(state.partition)], state.keys)
             size.add_metric([str(state.partition)], state.bytes)
         yield from (keys, size)
+        if snapshot.db_memory_limit:
+            memory = GaugeMetricFamily("seam_state_db_memory_bytes", "RocksDB's memory, all table partitions "
+                                       "together, by kind: cache (blocks read back, index and filter blocks, and "
+                                       "the memtables' charge), memtables (counted in cache too), table_readers "
+                                       "(held by open files outside the cache).", labels=["kind"])
+            for kind, held in sorted(snapshot.db_memory.items()):
+                memory.add_metric([kind], held)
+            yield memory
+            yield GaugeMetricFamily("seam_state_db_memory_limit_bytes", "The block cache's capacity "
+                                    "(SEAM_STATE_DB_MEMORY_MB), which the memtables are charged to.",
+                                    value=snapshot.db_memory_limit)
         restore = GaugeMetricFamily("seam_restore_remaining_records", "Changelog records a running restore still "
                                     "has to read, per changelog partition.", labels=labels)
         for item in snapshot.restores:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 import uuid
@@ -130,6 +131,7 @@ def test_dashboard_is_live_and_matches_metrics(kafka_bootstrap: str, tmp_path: P
                 metrics, "seam_events_out_total", topic_kind="prediction") > 0
             cache_line = driver.find_element("id", "cache").text
             assert cache_line.startswith("state cache: ") and "table reads p99" in cache_line, cache_line
+            assert re.search(r"RocksDB memory [0-9.,]+ of 64 MiB", cache_line), cache_line
             rejects = driver.find_element("id", "rejects").text
             assert "dead letter: invalid_json" in rejects and "dead letter: not_an_object" in rejects
             assert total(metrics, "seam_dead_letters_total") == 2
