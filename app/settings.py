@@ -125,8 +125,7 @@ class Settings:
     # RocksDB): about 1 KB per card plus 58 bytes per event held (318 while a busy card keeps a window index).
     state_cache_mb: int = 256
     # RocksDB's own memory, all the table partitions this worker opens together (active and standby): one
-    # block cache (blocks read back from disk, index and filter blocks) charged for the memtables too, which
-    # are kept under half of it.
+    # block cache (blocks read back from disk) charged for the memtables too, which are kept under half of it.
     state_db_memory_mb: int = 64
     # Input records with a larger value go to the dead-letter topic as too_large.
     max_record_bytes: int = 64 * 1024

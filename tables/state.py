@@ -67,8 +67,8 @@ class StateTables:
 
     def db_memory(self) -> dict[str, int]:
         """The bytes RocksDB holds in memory now, all partitions of both tables together, by kind: ``cache``
-        (blocks read back, index and filter blocks, and the memtables' charge: at most ``db_memory_limit``),
-        ``memtables`` (also counted in ``cache``), ``table_readers`` (what open files hold outside the cache)."""
+        (blocks read back and the memtables' charge: at most ``db_memory_limit``), ``memtables`` (also counted
+        in ``cache``), ``table_readers`` (the index and filter blocks open files hold outside the cache)."""
         readers = sum(db.property_int_value("rocksdb.estimate-table-readers-mem") or 0
                       for table in (self.state_table, self.watermarks)
                       for db in rocksdb_partitions(table.data).values())

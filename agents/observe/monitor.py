@@ -179,9 +179,9 @@ class WorkerCollector(Collector):
         yield from (keys, size)
         if snapshot.db_memory_limit:
             memory = GaugeMetricFamily("seam_state_db_memory_bytes", "RocksDB's memory, all table partitions "
-                                       "together, by kind: cache (blocks read back, index and filter blocks, and "
-                                       "the memtables' charge), memtables (counted in cache too), table_readers "
-                                       "(held by open files outside the cache).", labels=["kind"])
+                                       "together, by kind: cache (blocks read back and the memtables' charge), "
+                                       "memtables (counted in cache too), table_readers (index and filter blocks "
+                                       "held by open files outside the cache).", labels=["kind"])
             for kind, held in sorted(snapshot.db_memory.items()):
                 memory.add_metric([kind], held)
             yield memory

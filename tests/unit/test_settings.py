@@ -154,6 +154,8 @@ def test_settings_error_is_a_value_error() -> None:
         ("SEAM_INPUT_FORMAT", "protobuf"),
         ("SEAM_INPUT_FORMAT", "avro"),  # without SEAM_SCHEMA_REGISTRY_URL
         ("SEAM_SCHEMA_REGISTRY_TIMEOUT_S", "0"),
+        ("SEAM_STATE_CACHE_MB", "0"),
+        ("SEAM_STATE_DB_MEMORY_MB", "7"),  # a memtable is an eighth of it: at least 1 MB
     ],
 )
 def test_bad_values_name_the_variable(name: str, text: str) -> None:
