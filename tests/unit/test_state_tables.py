@@ -24,7 +24,7 @@ def tables(tmp_path: Path, db_memory_mb: int) -> StateTables:
 def test_every_partition_of_both_tables_is_opened_within_one_budget(tmp_path: Path) -> None:
     state = tables(tmp_path, db_memory_mb=8)
     store = state.state_table.data
-    value = bytes(range(256)) * 16  # 4 KB, not compressible to nothing
+    value = bytes(range(256)) * 16  # 4 KB
     for partition in range(4):
         db = rocksdb_partition(store, partition)
         for i in range(400):
