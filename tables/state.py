@@ -37,7 +37,7 @@ class StateTables:
         # budget, SEAM_STATE_DB_MEMORY_MB: one block cache of that size, charged for the memtables too, which
         # one write buffer manager keeps under half of it. A database flushes its memtable at an eighth of the
         # budget, or earlier when the memtables of all of them reach that half. Index and filter blocks stay
-        # with each open file (``table_readers`` below, about 0.5 MB in the soaks): held in a cache this size,
+        # with each open file (``table_readers`` below, 0.1-1.5 MB in the soaks): held in a cache this size,
         # they evicted each other and every read of an evicted one stalled the loop (p99 1.3-1.9 s).
         budget = db_memory_mb * MIB
         self.db_memory_limit = budget
