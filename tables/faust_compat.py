@@ -209,13 +209,11 @@ class _SharedMemoryOptions(RocksDBOptions):  # type: ignore[misc]
         return options
 
 
-def share_rocksdb_memory(store: Any, cache: rocksdict.Cache, write_buffers: rocksdict.WriteBufferManager) -> bool:
+def share_rocksdb_memory(store: Any, cache: rocksdict.Cache, write_buffers: rocksdict.WriteBufferManager) -> None:
     """Open every later partition of a rocksdict ``store`` with ``cache`` as its block cache and ``write_buffers``
-    over its memtables; False, changing nothing, for another store."""
-    if not uses_rocksdict(store):
-        return False
-    store.rocksdb_options = _SharedMemoryOptions(store.rocksdb_options, cache, write_buffers)
-    return True
+    over its memtables (another store is left as it is)."""
+    if uses_rocksdict(store):
+        store.rocksdb_options = _SharedMemoryOptions(store.rocksdb_options, cache, write_buffers)
 
 
 def rocksdb_partitions(store: Any) -> Mapping[int, Any]:

@@ -190,6 +190,10 @@ def test_exactly_once_internals_keep_their_shape() -> None:
 
     assert faust_rocksdb.USE_ROCKSDICT is True
     assert "self.use_rocksdict = USE_ROCKSDICT" in inspect.getsource(RocksStore.__init__)
+    # tables.faust_compat.share_rocksdb_memory replaces a store's rocksdb_options; a partition opens with them.
+    assert "self.rocksdb_options.open(" in inspect.getsource(RocksStore._open_for_partition)
+    assert "self.as_options()" in inspect.getsource(faust_rocksdb.RocksDBOptions.open)
+    assert "rocksdict.Cache(self.block_cache_size)" in inspect.getsource(faust_rocksdb.RocksDBOptions.as_options)
 
 
 def test_current_partition_reads_the_table_partition_scope() -> None:

@@ -3,13 +3,10 @@ no broker)."""
 
 from __future__ import annotations
 
-import inspect
 import time
 from pathlib import Path
 
 import faust
-from faust.stores.rocksdb import RocksDBOptions
-from faust.stores.rocksdb import Store as RocksStore
 
 from tables.faust_compat import rocksdb_partition
 from tables.state import MIB, StateTables
@@ -52,10 +49,3 @@ def test_every_partition_of_both_tables_is_opened_within_one_budget(tmp_path: Pa
     # The watermarks' databases are within the same budget.
     rocksdb_partition(state.watermarks.data, 0).put(b"max_ts", value * 64)
     assert state.db_memory()["memtables"] >= len(value) * 64
-
-
-def test_the_store_internals_the_shared_budget_relies_on_keep_their_shape() -> None:
-    # tables.faust_compat.share_rocksdb_memory replaces a store's rocksdb_options; a partition opens with them.
-    assert "self.rocksdb_options.open(" in inspect.getsource(RocksStore._open_for_partition)
-    assert "self.as_options()" in inspect.getsource(RocksDBOptions.open)
-    assert "rocksdict.Cache(self.block_cache_size)" in inspect.getsource(RocksDBOptions.as_options)
