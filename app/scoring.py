@@ -199,11 +199,15 @@ class ScoringService(Service):
                           feature_log_topic=settings.feature_log_topic or None)
         lateness_ms = self.spec.allowed_lateness_ms
         store_state, store_max_ts, store_layout = self._state_writers()
+        cache_bytes = settings.state_cache_bytes
+        self.metrics.cache_limit.set(cache_bytes)
+        logger.info("state cache: %d MB of key states in memory (%s)", cache_bytes >> 20,
+                    "SEAM_STATE_CACHE_MB" if settings.state_cache_mb else "a quarter of the worker's memory limit")
         cache = StateCache(
             load_state=self.tables.load_state, load_states=self.tables.load_states,
             load_watermark=self.tables.load_watermark, store_state=store_state,
             store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
-            max_clean_bytes=settings.state_cache_mb << 20, spec=self.spec,
+            max_clean_bytes=cache_bytes, spec=self.spec,
             load_layout=self.tables.load_layout, store_layout=store_layout,
             on_load=self.metrics.state_load.observe,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))

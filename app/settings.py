@@ -13,7 +13,7 @@ from models import EXAMPLE_MODEL
 from specs import EXAMPLE_SPEC
 from tables.kafka import PROTOCOLS, SASL_MECHANISMS, Connection
 
-__all__ = ["MOVED", "SECRETS", "Settings", "SettingsError"]
+__all__ = ["MOVED", "SECRETS", "Settings", "SettingsError", "memory_limit"]
 
 # Settings that left the environment, and where they are now.
 MOVED = {"SEAM_ALLOWED_LATENESS_S": "allowed_lateness in the feature spec (SEAM_FEATURE_SPEC, specs/fraud.toml by "
@@ -123,7 +123,8 @@ class Settings:
     feature_spec: Path = EXAMPLE_SPEC
     # Memory for the card states kept beyond what is being changed (the rest is read back from
     # RocksDB): about 1 KB per card plus 58 bytes per event held (318 while a busy card keeps a window index).
-    state_cache_mb: int = 256
+    # 0: a quarter of the memory this worker may use (its cgroup's limit, else the host's): state_cache_bytes.
+    state_cache_mb: int = 0
     # RocksDB's own memory, all the table partitions this worker opens together (active and standby): one
     # block cache (blocks read back from disk) charged for the memtables too, which are kept under half of it.
     state_db_memory_mb: int = 64
@@ -201,8 +202,9 @@ class Settings:
                                 f"{self.max_future_s} and {self.max_past_s}")
         if self.max_model_mb < 1:
             raise SettingsError(f"SEAM_MAX_MODEL_MB must be >= 1, got {self.max_model_mb}")
-        if self.state_cache_mb < 1:
-            raise SettingsError(f"SEAM_STATE_CACHE_MB must be >= 1, got {self.state_cache_mb}")
+        if self.state_cache_mb < 0:
+            raise SettingsError(f"SEAM_STATE_CACHE_MB must be >= 0 (0: a quarter of the worker's memory), got "
+                                f"{self.state_cache_mb}")
         if self.state_db_memory_mb < 8:
             raise SettingsError(f"SEAM_STATE_DB_MEMORY_MB must be >= 8, got {self.state_db_memory_mb}")
         if self.input_format not in {"json", "avro"}:
@@ -271,6 +273,11 @@ class Settings:
         return cls(**values)
 
     @property
+    def state_cache_bytes(self) -> int:
+        """The state cache's bound: SEAM_STATE_CACHE_MB, or a quarter of :func:`memory_limit` where it is 0."""
+        return self.state_cache_mb << 20 if self.state_cache_mb else memory_limit() // 4
+
+    @property
     def model_root(self) -> Path:
         """The folder deployments name model files in (SEAM_MODEL_DIR, else SEAM_MODEL_PATH's)."""
         return Path(self.model_dir) if self.model_dir else self.model_path.parent
@@ -286,3 +293,45 @@ class Settings:
     def broker_bootstrap(self) -> str:
         """The broker list without the ``kafka://`` scheme, as plain Kafka clients want it."""
         return ",".join(part.split("://", 1)[-1] for part in self.broker_url.split(";"))
+
+
+def memory_limit(proc: Path = Path("/proc")) -> int:
+    """The memory this process may use, in bytes: the lowest limit of its memory cgroup and those above it
+    (v2 ``memory.max``, v1 ``memory.limit_in_bytes``: a container's limit), else the host's physical memory.
+
+    The cgroups are found as the kernel mounts them (``/proc/self/mountinfo``), v1 and v2 alike.
+    """
+    with open(proc / "meminfo") as meminfo:
+        limit = next(int(line.split()[1]) << 10 for line in meminfo if line.startswith("MemTotal:"))
+    try:
+        memberships = (proc / "self" / "cgroup").read_text().splitlines()
+        mounts = (proc / "self" / "mountinfo").read_text().splitlines()
+    except OSError:
+        return limit
+    hierarchies: dict[str, tuple[str, Path]] = {}  # "v2" or "memory": (the hierarchy's part mounted, where)
+    for mount in mounts:  # "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory"
+        fields_, _, fs = mount.partition(" - ")
+        fs_type, _, options = (fs.split() + ["", "", ""])[:3]
+        if fs_type == "cgroup2" or (fs_type == "cgroup" and "memory" in options.split(",")):
+            mounted, where = fields_.split()[3:5]
+            hierarchies.setdefault("v2" if fs_type == "cgroup2" else "memory", (mounted, Path(where)))
+    for membership in memberships:  # "0::/path" (v2), "4:memory:/path" (v1)
+        _, controllers, path = membership.split(":", 2)
+        kind = "v2" if controllers == "" else "memory" if "memory" in controllers.split(",") else ""
+        if kind not in hierarchies:
+            continue
+        root, point = hierarchies[kind]
+        # A container sees its own cgroup at the mount point, whatever host path /proc/self/cgroup names.
+        inside = path[len(root):] if path == root or path.startswith(root.rstrip("/") + "/") else ""
+        folder = point / inside.strip("/")
+        name = "memory.max" if kind == "v2" else "memory.limit_in_bytes"
+        for held in (folder, *folder.parents):
+            if not held.is_relative_to(point):
+                break
+            try:
+                value = (held / name).read_text().strip()
+            except OSError:
+                continue
+            if value.isdigit():
+                limit = min(limit, int(value))
+    return limit

@@ -257,7 +257,9 @@ class BoundaryMetrics:
         self.cached_events = Gauge("seam_state_cached_events", "Events held in the key states in memory.",
                                    registry=r)
         self.cached_bytes = Gauge("seam_state_cached_bytes", "Memory of the key states in memory, as the cache "
-                                  "counts it against SEAM_STATE_CACHE_MB.", registry=r)
+                                  "counts it against its bound, seam_state_cache_limit_bytes.", registry=r)
+        self.cache_limit = Gauge("seam_state_cache_limit_bytes", "The state cache's bound on unchanged key states: "
+                                 "SEAM_STATE_CACHE_MB, or a quarter of the worker's memory limit.", registry=r)
         self.breaches = BreachLog()
 
     def set_sla(self, sla_s: float) -> None:

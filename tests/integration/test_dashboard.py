@@ -132,6 +132,10 @@ def test_dashboard_is_live_and_matches_metrics(kafka_bootstrap: str, tmp_path: P
             cache_line = driver.find_element("id", "cache").text
             assert cache_line.startswith("state cache: ") and "table reads p99" in cache_line, cache_line
             assert re.search(r"RocksDB memory [0-9.,]+ of 64 MiB", cache_line), cache_line
+            cache_limit = total(metrics, "seam_state_cache_limit_bytes")
+            assert cache_limit > 0
+            assert re.search(rf"^state cache: [0-9.,]+ of {int(cache_limit / 1048576 + 0.5):,} MiB, ", cache_line), \
+                cache_line
             rejects = driver.find_element("id", "rejects").text
             assert "dead letter: invalid_json" in rejects and "dead letter: not_an_object" in rejects
             assert total(metrics, "seam_dead_letters_total") == 2

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from app.settings import Settings, SettingsError
+from app.settings import Settings, SettingsError, memory_limit
 
 PROPERTY = hsettings(max_examples=60, derandomize=True, database=None, deadline=None)
 
@@ -154,7 +154,7 @@ def test_settings_error_is_a_value_error() -> None:
         ("SEAM_INPUT_FORMAT", "protobuf"),
         ("SEAM_INPUT_FORMAT", "avro"),  # without SEAM_SCHEMA_REGISTRY_URL
         ("SEAM_SCHEMA_REGISTRY_TIMEOUT_S", "0"),
-        ("SEAM_STATE_CACHE_MB", "0"),
+        ("SEAM_STATE_CACHE_MB", "-1"),
         ("SEAM_STATE_DB_MEMORY_MB", "7"),  # a memtable is an eighth of it: at least 1 MB
     ],
 )
@@ -346,3 +346,76 @@ def test_avro_input_needs_a_registry() -> None:
                                   "SEAM_SCHEMA_REGISTRY_URL": "http://127.0.0.1:8081/apis/ccompat/v6"})
     assert settings.input_format == "avro" and settings.schema_registry_timeout_s == 5.0
     assert Settings().input_format == "json"
+
+
+# --- the state cache's bound, from the memory the worker may use -------------------------------------------------
+
+GiB = 1 << 30
+
+
+def _proc(tmp_path: Path, *, cgroup: str, mountinfo: str, total_kb: int = 16 * 1024 * 1024) -> Path:
+    """A /proc of ``total_kb`` of physical memory whose process belongs to ``cgroup``, with ``mountinfo``."""
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(f"MemTotal:       {total_kb} kB\nMemFree:        1024 kB\n")
+    (proc / "self" / "cgroup").write_text(cgroup)
+    (proc / "self" / "mountinfo").write_text(mountinfo.replace("@", str(tmp_path)))
+    return proc
+
+
+def _limit(folder: Path, name: str, value: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(value + "\n")
+
+
+def test_memory_limit_is_the_hosts_without_a_cgroup_limit(tmp_path: Path) -> None:
+    proc = _proc(tmp_path, cgroup="0::/user.slice\n",
+                 mountinfo="41 31 0:38 / @/unified rw,relatime - cgroup2 cgroup2 rw\n")
+    _limit(tmp_path / "unified" / "user.slice", "memory.max", "max")
+    assert memory_limit(proc) == 16 * GiB
+
+
+def test_memory_limit_is_the_lowest_v2_limit_of_the_cgroup_and_its_parents(tmp_path: Path) -> None:
+    proc = _proc(tmp_path, cgroup="0::/kubepods/pod1/worker\n",
+                 mountinfo="30 23 0:26 / @/cg rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
+    _limit(tmp_path / "cg" / "kubepods" / "pod1" / "worker", "memory.max", "max")
+    _limit(tmp_path / "cg" / "kubepods" / "pod1", "memory.max", str(2 * GiB))
+    _limit(tmp_path / "cg" / "kubepods", "memory.max", str(8 * GiB))
+    assert memory_limit(proc) == 2 * GiB
+
+
+def test_memory_limit_reads_v1_beside_other_controllers(tmp_path: Path) -> None:
+    """cgroup v1 (each controller its own mount), its unlimited value a huge number; a v2 mount beside it."""
+    proc = _proc(tmp_path, cgroup="5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n",
+                 mountinfo="32 31 0:29 / @/cpu rw - cgroup cgroup rw,cpu,cpuacct\n"
+                           "35 31 0:32 / @/memory rw,relatime - cgroup cgroup rw,memory\n"
+                           "41 31 0:38 / @/unified rw,relatime - cgroup2 cgroup2 rw\n")
+    _limit(tmp_path / "memory", "memory.limit_in_bytes", "9223372036854771712")
+    _limit(tmp_path / "memory" / "docker" / "abc", "memory.limit_in_bytes", str(512 << 20))
+    _limit(tmp_path / "cpu" / "docker" / "abc", "memory.limit_in_bytes", "1")  # not a memory hierarchy
+    assert memory_limit(proc) == 512 << 20
+
+
+def test_memory_limit_in_a_container_reads_its_own_mount(tmp_path: Path) -> None:
+    """Without a cgroup namespace a container's /proc/self/cgroup names the host's path, which is not mounted
+    there: the limit is the one at the mount point (the container's own cgroup)."""
+    proc = _proc(tmp_path, cgroup="0::/system.slice/docker-abc.scope\n",
+                 mountinfo="30 23 0:26 /system.slice/docker-abc.scope @/cg ro - cgroup2 cgroup2 rw\n")
+    _limit(tmp_path / "cg", "memory.max", str(GiB))
+    assert memory_limit(proc) == GiB
+    other = _proc(tmp_path / "other", cgroup="0::/system.slice/docker-abc.scope\n",
+                  mountinfo="30 23 0:26 / @/cg ro - cgroup2 cgroup2 rw\n")
+    _limit(tmp_path / "other" / "cg", "memory.max", str(3 * GiB))  # its host path is not there
+    assert memory_limit(other) == 3 * GiB
+
+
+def test_memory_limit_without_cgroups_is_the_hosts(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "meminfo").write_text("MemTotal:        4096 kB\n")
+    assert memory_limit(proc) == 4 << 20
+
+
+def test_state_cache_is_a_quarter_of_the_workers_memory_unless_set() -> None:
+    assert Settings.from_env({}).state_cache_bytes == memory_limit() // 4
+    assert Settings.from_env({"SEAM_STATE_CACHE_MB": "48"}).state_cache_bytes == 48 << 20
