@@ -301,8 +301,11 @@ def memory_limit(proc: Path = Path("/proc")) -> int:
 
     The cgroups are found as the kernel mounts them (``/proc/self/mountinfo``), v1 and v2 alike.
     """
-    with open(proc / "meminfo") as meminfo:
-        limit = next(int(line.split()[1]) << 10 for line in meminfo if line.startswith("MemTotal:"))
+    try:
+        with open(proc / "meminfo") as meminfo:
+            limit = next(int(line.split()[1]) << 10 for line in meminfo if line.startswith("MemTotal:"))
+    except OSError:  # no /proc (not Linux): the physical memory as the C library reports it, and no cgroups
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
         memberships = (proc / "self" / "cgroup").read_text().splitlines()
         mounts = (proc / "self" / "mountinfo").read_text().splitlines()

@@ -416,6 +416,10 @@ def test_memory_limit_without_cgroups_is_the_hosts(tmp_path: Path) -> None:
     assert memory_limit(proc) == 4 << 20
 
 
+def test_memory_limit_without_proc_is_the_physical_memory(tmp_path: Path) -> None:
+    assert memory_limit(tmp_path / "no-proc") == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def test_state_cache_is_a_quarter_of_the_workers_memory_unless_set() -> None:
     assert Settings.from_env({}).state_cache_bytes == memory_limit() // 4
     assert Settings.from_env({"SEAM_STATE_CACHE_MB": "48"}).state_cache_bytes == 48 << 20
