@@ -530,6 +530,19 @@ def test_an_id_column_holds_any_ids_as_a_list_would(start: list[str], steps: lis
     assert IdColumn(model) == column and IdColumn(iter(model)) == model
 
 
+@hsettings(max_examples=200, derandomize=True, database=None, deadline=None)
+@given(st.lists(_ID_TEXT, min_size=30, max_size=80), st.lists(st.tuples(st.integers(-90, 90), st.integers(-90, 90),
+                                                                         st.sampled_from([None, 1, 2, -1])),
+                                                               min_size=1, max_size=20))
+def test_slices_of_a_long_id_column_are_the_lists(ids: list[str], slices: list[tuple[int, int, int | None]]) -> None:
+    """A column of 32 ids or more slices its newest ids off the end of its text (what a flush writes): every
+    slice, escaped ids included, is the list's."""
+    column = IdColumn(ids)
+    for start, stop, step in slices:
+        for part in (slice(start, stop, step), slice(start, None), slice(None, stop), slice(len(ids) - 16, None)):
+            assert column[part] == ids[part]
+
+
 def test_state_survives_a_json_round_trip() -> None:
     """State is JSON friendly: serialising it between events changes no feature."""
     rng = random.Random(5)
