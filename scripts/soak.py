@@ -12,7 +12,8 @@ transactions on a fixed schedule, and measures each prediction's broker append t
 timestamp. Every ``--window`` seconds it prints p50/p99/max latency, the worker's resident memory, its CPU
 time per event (all threads, and the event loop's: read from the kernel, so comparable on a busy machine),
 its event-loop lag (``seam_event_loop_lag_seconds``) and its state cache (``seam_state_cached_*``). With
-``--out`` the windows are also written as JSON. Everything started is stopped at the end, also on Ctrl-C.
+``--out`` the windows are also written as JSON. Everything started is stopped at the end, also on Ctrl-C, and
+the run's topics are deleted (the worker's log and its last ``/metrics`` stay in its data directory).
 
 A card's state keeps about two hours of its events (the replay horizon), so a real-time soak shorter
 than that never reaches a steady state. ``--time-lapse K`` runs event time K times faster than the
@@ -51,7 +52,7 @@ import kafka_local  # noqa: E402
 
 from app import loadgen  # noqa: E402
 from app.synthetic import TransactionGenerator  # noqa: E402
-from app.topics import ensure_topics  # noqa: E402
+from app.topics import delete_topics, ensure_topics  # noqa: E402
 from bench.promtext import fetch, histograms  # noqa: E402
 from tables.kafka import assign_all  # noqa: E402
 
@@ -231,6 +232,10 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
         return report
     finally:
         worker.stop()
+        # Its topics hold every input and output of the run (a 30-minute run: gigabytes): a broker that outlives
+        # the run would keep them for the retention's week.
+        with contextlib.suppress(Exception):
+            await delete_topics(bootstrap, suffix)
 
 
 def verdict(windows: list[Window], report: list[dict[str, Any]], span: int = 5) -> dict[str, Any]:
