@@ -234,8 +234,8 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
         worker.stop()
         # Its topics hold every input and output of the run (a 30-minute run: gigabytes): a broker that outlives
         # the run would keep them for the retention's week.
-        with contextlib.suppress(Exception):
-            await delete_topics(bootstrap, suffix)
+        with contextlib.suppress(Exception):  # bounded: a broker gone by now must not hold the exit
+            await asyncio.wait_for(delete_topics(bootstrap, suffix), 60)
 
 
 def verdict(windows: list[Window], report: list[dict[str, Any]], span: int = 5) -> dict[str, Any]:
