@@ -152,8 +152,11 @@ class IdColumn:
         """The ids, in order."""
         if not self.count:
             return []
-        ids = self.text[1:-1].split(_END)
-        return [_unescaped(held) for held in ids] if _ESCAPE in self.text else ids
+        return self._as_given(self.text[1:-1].split(_END))
+
+    def _as_given(self, held: list[str]) -> list[str]:
+        """Ids split off the text, as they were handed in."""
+        return [_unescaped(event_id) for event_id in held] if _ESCAPE in self.text else held
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.as_list())
@@ -165,8 +168,7 @@ class IdColumn:
             if step == 1 and 0 < newest <= self.count >> 1 and stop > start:
                 # Among the newest ids (a flush writes a key's tail at every write): split only those off the
                 # end, not the whole text (at 250 ids held, 8.8 µs a write for a tail of 16).
-                ids = self.text.rsplit(_END, newest + 1)[1:-1][:stop - start]
-                return [_unescaped(held) for held in ids] if _ESCAPE in self.text else ids
+                return self._as_given(self.text.rsplit(_END, newest + 1)[1:-1][:stop - start])
         return self.as_list()[item]
 
     def __delitem__(self, item: slice) -> None:
