@@ -85,7 +85,8 @@ class Guarantee(Protocol):
 
     async def drain(self, work: Work) -> None: ...
 
-    async def write_state(self, cache: StateCache, work: Work) -> int: ...
+    async def write_state(self, cache: StateCache, work: Work, *, paced: bool = False) -> int:
+        """Write the cache's changes; ``paced``: records are scored meanwhile, so leave them most of the loop."""
 
     async def commit_offsets(self, consumer: Offsets, offsets: Mapping[TP, int], work: Work) -> bool: ...
 
@@ -156,7 +157,8 @@ class Checkpoint:
                                 #    changelog records, all acknowledged, then into the local stores
                                 #    (the keys stay cached until then); exactly once, staged in each
                                 #    partition's transaction.
-                                writes = await guarantee.write_state(cache, work)
+                                writes = await guarantee.write_state(
+                                    cache, work, paced=not (revoking or consumer.stopping))
                                 # 5. Faust's own producer buffer, drained completely (its flush gives
                                 #    up after 0.1 s without progress).
                                 await drain_producer_buffer(self._app, _buffer_stopped)

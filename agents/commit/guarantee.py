@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 # One table write of a partition: (table, partition, key, value); the value None deletes.
 TableWrite = Callable[[Any, int, Any, Any], None]
 STEP_S = 0.002  # the most state-writing work in one event-loop turn
+# ... and its share of the event loop while records arrive: after a step of state writing the write waits
+# (1 - share) / share times as long, so scoring keeps the rest of the loop whatever a write has to do.
+STATE_WRITE_SHARE = 0.25
 
 
 def _route(topic: str, to: Send, others: Send) -> Send:
@@ -156,20 +159,28 @@ class AtLeastOnce:
             if cache is None or app.rebalancing or cache.dirty_keys() == 0:
                 continue
             try:
-                await self.write_state(cache, work)
+                await self.write_state(cache, work, paced=True)
             except SkipCommit:
                 return  # the worker is stopping (see write_state)
 
-    async def write_state(self, cache: StateCache, work: Work) -> int:
-        """The cache's changes as changelog records, all acknowledged, then into the local stores; then trim."""
+    async def write_state(self, cache: StateCache, work: Work, *, paced: bool = False) -> int:
+        """The cache's changes as changelog records, all acknowledged, then into the local stores; then trim.
+
+        ``paced``: records are being scored meanwhile, so the write takes at most ``STATE_WRITE_SHARE`` of the
+        event loop (otherwise, as a revocation or a stop wants it, it runs as fast as it can).
+        """
+        pause_ratio = (1 - STATE_WRITE_SHARE) / STATE_WRITE_SHARE if paced and not work.should_stop else 0.0
         async with self._writing:
             writes = 0
             started = step_started = time.perf_counter()
             # The keys written stay cached (no trim) until the changelog has them and they are stored.
             for written in cache.flushing(trim=False):
                 writes = written
-                if time.perf_counter() - step_started > STEP_S:
-                    await asyncio.sleep(0)  # let records be scored: a state write never stalls predictions
+                step_s = time.perf_counter() - step_started
+                if step_s > STEP_S:
+                    # Let records be scored, and for longer than this step took: a write that took turns with
+                    # scoring would halve what the loop scores while it runs, and records would queue up.
+                    await asyncio.sleep(step_s * pause_ratio)
                     step_started = time.perf_counter()
             try:
                 await self.changelog.flush()  # the changelog, then the local stores
@@ -248,7 +259,7 @@ class ExactlyOnce:
     async def write_behind(self, work: Work, app: Any) -> None:
         """Nothing: state goes into the transactions, at commits."""
 
-    async def write_state(self, cache: StateCache, work: Work) -> int:
+    async def write_state(self, cache: StateCache, work: Work, *, paced: bool = False) -> int:
         started = time.perf_counter()
         writes = cache.flush(trim=False)  # staged: RocksDB gets them after the commit
         _observe(work, cache, writes, time.perf_counter() - started)
