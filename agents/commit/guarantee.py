@@ -103,6 +103,7 @@ class AtLeastOnce:
             changelog = ChangelogWriter(self._send_changelog, functools.partial(table_partition, input_topic))
         self.changelog = changelog
         self._writing = asyncio.Lock()  # one state write at a time: behind, or in a commit
+        self.paused_s = 0.0  # how long the last state write waited for scoring between its steps
         self._crashing: set[asyncio.Task[None]] = set()
 
     # Outputs and the changelog: producers of their own.
@@ -171,7 +172,7 @@ class AtLeastOnce:
         """
         pause_ratio = (1 - STATE_WRITE_SHARE) / STATE_WRITE_SHARE if paced and not work.should_stop else 0.0
         async with self._writing:
-            writes = 0
+            writes, paused_s = 0, 0.0
             started = step_started = time.perf_counter()
             # The keys written stay cached (no trim) until the changelog has them and they are stored.
             for written in cache.flushing(trim=False):
@@ -180,8 +181,10 @@ class AtLeastOnce:
                 if step_s > STEP_S:
                     # Let records be scored, and for longer than this step took: a write that took turns with
                     # scoring would halve what the loop scores while it runs, and records would queue up.
+                    paused_from = time.perf_counter()
                     await asyncio.sleep(step_s * pause_ratio)
                     step_started = time.perf_counter()
+                    paused_s += step_started - paused_from
             try:
                 await self.changelog.flush()  # the changelog, then the local stores
             except BaseException as exc:
@@ -193,6 +196,7 @@ class AtLeastOnce:
                 _crash_later(work, exc, self._crashing)
                 raise SkipCommit(f"changelog records could not be sent: {exc!r}") from exc
             cache.trim()  # the written states are in RocksDB now: clean ones may be dropped
+            self.paused_s = paused_s
             _observe(work, cache, writes, time.perf_counter() - started)
             return writes
 
@@ -229,6 +233,7 @@ class ExactlyOnce:
     cuts = True  # every commit is a cut that holds intake
     commits_on_acks = False  # by the interval only: outputs are visible when a commit is done, not sooner
     read_committed = True
+    paused_s = 0.0  # a commit's state write is a cut: it never pauses
 
     def __init__(self, *, bootstrap: str | Connection, group_id: str, input_topic: str,
                  current_epoch: Callable[[], int]) -> None:

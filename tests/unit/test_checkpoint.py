@@ -293,5 +293,6 @@ async def test_a_state_write_beside_scoring_leaves_it_most_of_the_event_loop(
     if paced:
         ratio = (1 - guarantee_module.STATE_WRITE_SHARE) / guarantee_module.STATE_WRITE_SHARE
         assert len(between_steps) >= 3 and all(pause == pytest.approx(0.003 * ratio) for pause in between_steps)
+        assert at.guarantee.paused_s > 0  # the commit's time less this is what it took (and is warned about)
     else:
         assert between_steps == []
