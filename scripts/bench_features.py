@@ -15,11 +15,23 @@ one whose window holds 10, both fed one event at a time with event times jittere
 every tenth of it, the events its state holds, their memory (``tables.features.memory_bytes``) and the bytes
 its table holds (``tables.key_store``: the header and sealed chunks, as a flush writes them), with the
 microseconds per event of that stretch: what exact windows make a key's state cost as its rate grows.
+
+``--growth MINUTES`` drives the engine as a worker under steady load does: ``--cards`` keys, ``--rate``
+events per second of event time, each for a key drawn at random, every key's state held in memory and
+written behind (``tables.key_store.changes``, what a flush encodes) every quarter of a second of event
+time, with the worker's garbage collection (after each write, a young collection that freezes what it
+leaves: ``app.scoring``). Every minute of event time it reports the events a key holds and the microseconds
+per event of applying (``apply_event``), of writing and of collecting: how a worker's cost per event grows
+as its states do. The same
+events per key over fewer keys (``--cards 5000 --rate 375`` against ``--cards 100000 --rate 7500``) tell
+the part that is the number of keys (memory the processor's caches do not hold) from the part that is the
+events each key holds.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import time
@@ -98,6 +110,56 @@ def one_key(rate: float, hours: float, seed: int = 5) -> list[dict[str, float]]:
     return rows
 
 
+def growth(cards: int, rate: int, minutes: int, seed: int = 3) -> list[dict[str, float]]:
+    """Per minute of event time: events per key held, and microseconds per event applying and writing."""
+    rng = random.Random(seed)
+    keys = [f"card-{i:06d}" for i in range(cards)]
+    states: dict[str, dict] = {}
+    written: dict[str, Stored] = {}
+    per_write = max(1, rate // 4)  # events per quarter of a second of event time
+    rows, arrived = [], 0
+    gc.collect()
+    gc.freeze()
+    gc.disable()  # collected as the worker does, below
+    for minute in range(minutes):
+        applying = writing = collecting = 0.0
+        for _ in range(60 * 4):
+            touched: dict[str, set[int]] = {}
+            started = time.perf_counter()
+            for _ in range(per_write):
+                ts = T0_MS + arrived * 1000 // rate
+                key = keys[rng.randrange(cards)]
+                state = states.get(key)
+                if state is None:
+                    state = states[key] = new_state()
+                    written[key] = Stored()
+                apply_event(state, f"{key}-{arrived:010d}", ts, (round(rng.uniform(1, 500), 2),
+                                                                 f"m-{rng.randrange(2_000)}"),
+                            allowed_lateness_ms=60_000)
+                touched.setdefault(key, set()).add(ts)
+                arrived += 1
+            applied = time.perf_counter()
+            for key, times in touched.items():
+                stored = Stored.unpacked(written[key].packed())  # as the state cache holds it between writes
+                changes(stored_key(key), states[key], stored, times)
+                written[key] = stored
+            wrote = time.perf_counter()
+            gc.collect(0)
+            gc.freeze()
+            collecting += time.perf_counter() - wrote
+            writing += wrote - applied
+            applying += applied - started
+        count = 60 * 4 * per_write
+        rows.append({"minute": minute + 1, "events_per_key": sum(len(s["ts"]) for s in states.values()) / len(states),
+                     "apply_us": applying / count * 1e6, "write_us": writing / count * 1e6,
+                     "collect_us": collecting / count * 1e6})
+    gc.enable()
+    return rows
+
+
+T0_MS = 1_764_547_200_000  # 2025-12-01, UTC
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=500_000)
@@ -107,7 +169,17 @@ def main() -> None:
     parser.add_argument("--one-key", type=float, default=0.0, metavar="RATE",
                         help="only: one key at RATE events per second of event time, its state's size")
     parser.add_argument("--hours", type=float, default=1.0, help="with --one-key: hours of event time")
+    parser.add_argument("--growth", type=int, default=0, metavar="MINUTES",
+                        help="only: --cards keys at --rate events/s of event time, cost per event minute by minute")
+    parser.add_argument("--rate", type=int, default=7_500, help="with --growth: events per second of event time")
     args = parser.parse_args()
+    if args.growth:
+        for row in growth(args.cards, args.rate, args.growth):
+            print(f"{args.cards:,} keys at {args.rate:,}/s, minute {row['minute']:>3}: {row['events_per_key']:6.1f} "
+                  f"events a key, us per event: {row['apply_us']:5.1f} applied, {row['write_us']:5.1f} written, "
+                  f"{row['collect_us']:4.1f} collected",
+                  flush=True)
+        return
     if args.one_key:
         for row in one_key(args.one_key, args.hours):
             print(f"one key at {args.one_key:g}/s, {row['event_time_s']:>6,} s of event time: "
