@@ -7,7 +7,7 @@ layer, so every module that needs one of them imports it from here. The one exce
 names given here) and so overrides and reads its base class's own members, listed here:
 
 * ``faust.transport.drivers.aiokafka.Consumer`` (subclassed; ``on_partitions_revoked`` and
-  ``on_partitions_assigned`` extended), ``Transport`` and its ``Consumer`` slot,
+  ``on_partitions_assigned`` extended, ``close`` replaced), ``Transport`` and its ``Consumer`` slot,
   ``AIOKafkaConsumerThread``;
 * ``Consumer._drain_messages`` (replaced), ``_new_offset`` and ``_filter_tps_with_pending_acks``
   (extended: batch-handled partitions are answered by :mod:`agents.ingest.acks`), ``_wait_next_records``,

@@ -239,6 +239,18 @@ class BatchConsumer(FaustConsumer):
         await self.commits.prepare_assignment(assigned)
         await super().on_partitions_assigned(assigned, generation_id)
 
+    def close(self) -> None:
+        """Nothing: the consumer thread's stop closes the Kafka consumer, on the thread's own loop.
+
+        Faust calls this when a rebalance reaches a stopping app. Its version marks the aiokafka consumer
+        closed and runs the consumer's client and group coordinator close on the app's loop, from the
+        wrong thread, while the consumer thread's loop still drives them. The thread's own stop then
+        found the consumer closed and skipped it: no LeaveGroup (the others waited out the session
+        timeout for this member's partitions), and a rebalance completing meanwhile could leave the
+        worker hanging on SIGTERM. The thread's stop, which follows, closes the consumer where it runs
+        and leaves the group.
+        """
+
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         def forget() -> None:
             # Any batch fetched before this point may no longer be ours: its acks are dropped, and

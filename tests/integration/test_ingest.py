@@ -208,4 +208,7 @@ def test_sigterm_in_the_middle_of_a_rebalance_exits_zero(kafka_bootstrap: str, t
             second.stop()
     assert code == 0, f"exit code {code} (None: still running after 40 s)\n{first.log_tail(40)}"
     assert time.monotonic() - started < 40
+    # It left the group as it stopped (its consumer closed on the consumer thread's loop), so its
+    # partitions went to the other worker at once instead of after the session timeout.
+    assert "LeaveGroup request succeeded" in first.log_path.read_text(errors="replace"), first.log_tail(40)
 

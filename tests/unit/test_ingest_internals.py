@@ -56,6 +56,16 @@ def test_consumer_methods_keep_their_signatures(name: str, params: list[str] | N
         assert list(inspect.signature(method).parameters) == params
 
 
+def test_a_rebalance_reaching_a_stopping_app_closes_the_consumer_through_close() -> None:
+    # BatchConsumer.close replaces this call: Faust's version closed the consumer thread's Kafka consumer on
+    # the app's loop, and the thread's stop then skipped it (no LeaveGroup; a SIGTERM could hang).
+    import faust
+
+    assert not inspect.iscoroutinefunction(FaustConsumer.close)
+    assert list(inspect.signature(FaustConsumer.close).parameters) == ["self"]
+    assert "self.consumer.close()" in inspect.getsource(faust.App._on_rebalance_when_stopped)
+
+
 def test_current_event_is_a_context_variable_of_weak_references() -> None:
     from faust import streams
 
