@@ -142,7 +142,7 @@ async def follow(bootstrap: str, topic: str, sent_ms: dict[str, int], windows: l
 
 
 async def produce(bootstrap: str, topic: str, rate: float, duration_s: float, cards: int,
-                  sent_ms: dict[str, int], time_lapse: float) -> None:
+                  sent_ms: dict[str, int], time_lapse: float, partitions: int) -> None:
     """Send ``rate`` transactions a second (:func:`app.loadgen.produce`); ``sent_ms[id]`` is each one's broker
     append time once acknowledged (a batch's records share it: the topic's ``LogAppendTime``)."""
     generator = TransactionGenerator(cards=cards, seed=7, id_prefix=f"soak{uuid.uuid4().hex[:6]}",
@@ -164,7 +164,7 @@ async def produce(bootstrap: str, topic: str, rate: float, duration_s: float, ca
                 sent_ms[tx["id"]] = appended_ms
 
     await loadgen.produce(bootstrap, topic, rate=rate, duration_s=duration_s, generator=time_lapsed(),
-                          partitions=PARTITIONS, on_sent=lambda tx, now_ms: sent_ms.__setitem__(tx["id"], now_ms),
+                          partitions=partitions, on_sent=lambda tx, now_ms: sent_ms.__setitem__(tx["id"], now_ms),
                           on_acked=acknowledged)
 
 
@@ -172,13 +172,13 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
     suffix = uuid.uuid4().hex[:8]
     source, sink = f"soak-tx-{suffix}", f"soak-pred-{suffix}"
     names = {"dlq": f"soak-dlq-{suffix}", "late": f"soak-late-{suffix}", "feat": f"soak-feat-{suffix}"}
-    await ensure_topics(bootstrap, [], PARTITIONS, log_append_time=[source, sink, *names.values()])
+    await ensure_topics(bootstrap, [], args.partitions, log_append_time=[source, sink, *names.values()])
     port = free_port()
     data = Path(args.data_dir) / suffix
     env = worker_env({
         "SEAM_BROKER_URL": f"kafka://{bootstrap}", "SEAM_APP_ID": f"soak-{suffix}", "SEAM_INPUT_TOPIC": source,
         "SEAM_PREDICTIONS_TOPIC": sink, "SEAM_DLQ_TOPIC": names["dlq"], "SEAM_LATE_TOPIC": names["late"],
-        "SEAM_DATA_DIR": str(data), "SEAM_WEB_PORT": str(port), "SEAM_TOPIC_PARTITIONS": str(PARTITIONS),
+        "SEAM_DATA_DIR": str(data), "SEAM_WEB_PORT": str(port), "SEAM_TOPIC_PARTITIONS": str(args.partitions),
     } | dict(item.split("=", 1) for item in args.seam_env))
     if "feature_log_topic" in (args.worker_root / "app" / "settings.py").read_text() and \
             "SEAM_FEATURE_LOG_TOPIC" not in env:
@@ -201,7 +201,7 @@ async def run(args: argparse.Namespace, bootstrap: str) -> list[dict[str, Any]]:
         started = time.time()
         following = asyncio.create_task(follow(bootstrap, sink, sent_ms, windows, started, args.window, stop))
         producing = asyncio.create_task(produce(bootstrap, source, args.rate, args.duration, args.cards, sent_ms,
-                                                args.time_lapse))
+                                                args.time_lapse, args.partitions))
         report: list[dict[str, Any]] = []
         cpu_before = cpu_seconds(worker.pid)
         per_window = args.rate * args.window
@@ -283,6 +283,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=3000.0, help="events per second, open loop")
     parser.add_argument("--duration", type=float, default=1800.0, help="seconds of load")
     parser.add_argument("--cards", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=PARTITIONS,
+                        help="partitions of the input topic (and so of every output and changelog topic)")
     parser.add_argument("--window", type=float, default=60.0, help="seconds per reported window")
     parser.add_argument("--drain", type=float, default=5.0, help="seconds to wait for the last answers")
     parser.add_argument("--port", type=int, default=int(os.environ.get("KAFKA_PORT", "9092")))
