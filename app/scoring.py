@@ -150,8 +150,7 @@ class ScoringService(Service):
         # fencing, revocation, stop).
         self.guarantee = guarantee_for(
             settings.processing_guarantee, bootstrap=settings.kafka, group_id=app.conf.id,
-            input_topic=settings.input_topic, feature_log_topic=settings.feature_log_topic or None,
-            write_interval_s=settings.state_write_interval_s,
+            input_topic=settings.input_topic, write_interval_s=settings.state_write_interval_s,
             current_epoch=lambda: cast(ingest.BatchConsumer, app.consumer).epoch)
         self._ready = asyncio.Event()
         self.joined_generation: int | None = None  # the group generation of the last assignment received

@@ -406,8 +406,8 @@ class Bench:
                 topic = run.topic("feat")
                 ends = await end_offsets(run.bootstrap, topic)
                 deadline = time.monotonic() + 10
-                # The feature log goes on a connection of its own: its records can land a little after
-                # the predictions they belong to.
+                # The feature log's records are batched apart from the predictions': they can land a little
+                # after the predictions they belong to.
                 while sum(ends.values()) < len(outputs) and time.monotonic() < deadline:
                     await asyncio.sleep(0.1)
                     ends = await end_offsets(run.bootstrap, topic)

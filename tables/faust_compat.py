@@ -32,6 +32,8 @@ And here:
   dropped changelog records back;
 * ``AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's ``AIOKafkaConsumer._isolation_level``,
   ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``, read by ``start()``;
+* ``AIOKafkaConsumerThread.getmany`` (replaced), its ``_fetch_records`` and ``thread_loop``, and aiokafka's
+  ``AIOKafkaConsumer._max_poll_records`` (:func:`fetch_records`);
 * the RocksDB store's ``_encode_key``, ``_encode_value``, ``_set``, ``_del``, ``_db_for_partition``
   (also read directly: one read per key instead of Faust's two), ``_dbs`` (the databases opened, for
   their size), ``use_rocksdict`` and ``set_persisted_offset``, and its ``rocksdb_options`` (replaced, so
@@ -44,6 +46,7 @@ And here:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -60,7 +63,8 @@ from faust.types import TP
 
 __all__ = [
     "AIOKafkaConsumerThread", "FaustConsumer", "FaustTransport", "ack_lock", "commit_offsets", "current_event",
-    "drain_producer_buffer", "encode_key", "encode_value", "fetcher_stopped", "group_distribution", "is_changelog",
+    "drain_producer_buffer", "encode_key", "encode_value", "fetch_records", "fetcher_stopped", "group_distribution",
+    "is_changelog",
     "mark_restored", "persist_changelog_offset", "restore_state", "restoring", "raw_get", "raw_get_many", "rewind",
     "rocksdb_partition", "share_rocksdb_memory", "store_writes", "tune_fetch", "uses_rocksdict", "without_spinner",
 ]
@@ -77,6 +81,21 @@ def tune_fetch(consumer: Any, *, min_bytes: int, max_wait_ms: int, read_committe
     consumer._fetch_max_wait_ms = max_wait_ms
     if read_committed:
         consumer._isolation_level = "read_committed"
+
+
+async def fetch_records(thread: Any, active_partitions: set[TP] | None, timeout: float) -> Any:
+    """What Faust's ``getmany`` fetches, run on the consumer thread's loop without its method queue.
+
+    Faust's own call goes through mode's method queue, whose workers, on every call, start three tasks
+    (the queue, the thread stopping, the thread crashing), wait for the first and cancel the others:
+    once per fetch round, hundreds of times a second. Here the fetch (Faust's ``_fetch_records``, which
+    returns nothing while the flow is stopped) is scheduled on that loop directly, and its result comes
+    back the way the method queue sends it: a thread-safe callback on the caller's loop.
+    """
+    consumer = thread._ensure_consumer()
+    fetch = thread._fetch_records(consumer, active_partitions, timeout=timeout,
+                                  max_records=consumer._max_poll_records)
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fetch, thread.thread_loop))
 
 
 def fetcher_stopped(fetcher: Any) -> Any:

@@ -29,7 +29,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from faust.types import TP
@@ -38,7 +38,6 @@ from agents.commit.checkpoint import Offsets, SkipCommit, Work
 from agents.commit.transactions import PartitionTransactions
 from agents.delivery.outputs import OutputProducer
 from agents.ingest.consumer import table_partition
-from agents.ingest.records import RecordBatch
 from agents.ingest.restore import release_restores
 from agents.pipeline import Send
 from tables.cache import StateCache
@@ -55,15 +54,6 @@ STEP_S = 0.002  # the most state-writing work in one event-loop turn
 # ... and its share of the event loop while records arrive: after a step of state writing the write waits
 # (1 - share) / share times as long, so scoring keeps the rest of the loop whatever a write has to do.
 STATE_WRITE_SHARE = 0.25
-
-
-def _route(topic: str, to: Send, others: Send) -> Send:
-    """A send that hands ``topic``'s records to ``to`` and every other topic's to ``others``."""
-
-    def send(batch: RecordBatch, name: str, key: bytes | None, value: bytes) -> Awaitable[Awaitable[object]]:
-        return (to if name == topic else others)(batch, name, key, value)
-
-    return send
 
 
 def _crash_later(work: Work, exc: BaseException, pending: set[asyncio.Task[None]]) -> None:
@@ -91,11 +81,10 @@ class AtLeastOnce:
     commits_on_acks = True  # acknowledgements piling up start a commit (in the background)
     read_committed = False
 
-    def __init__(self, *, bootstrap: str | Connection, input_topic: str, feature_log_topic: str | None = None,
-                 write_interval_s: float = 0.25, changelog: ChangelogWriter | None = None) -> None:
+    def __init__(self, *, bootstrap: str | Connection, input_topic: str, write_interval_s: float = 0.25,
+                 changelog: ChangelogWriter | None = None) -> None:
         """``changelog``: the writer of the state's changelog records (default: on a producer of its own)."""
         self._bootstrap = bootstrap
-        self._feature_log_topic = feature_log_topic
         self._write_interval_s = write_interval_s
         self._producers: list[OutputProducer] = []
         self._changelog_producer: ChangelogProducer | None = None
@@ -112,18 +101,14 @@ class AtLeastOnce:
         """Connect the producers; return how the pipeline sends an output."""
         self._changelog_producer = ChangelogProducer(self._bootstrap)
         await self._changelog_producer.start()
-        predictions = OutputProducer(self._bootstrap)
-        await predictions.start()
-        self._producers.append(predictions)
-        send: Send = predictions.send
-        if self._feature_log_topic:
-            # The feature log (as many records as the predictions) goes on a connection of its own, so a
-            # prediction's produce request does not carry the feature log's bytes as well.
-            feature_log = OutputProducer(self._bootstrap)
-            await feature_log.start()
-            self._producers.append(feature_log)
-            send = _route(self._feature_log_topic, feature_log.send, send)
-        return send
+        # Every output on one connection: a model batch's predictions and feature-log records (as many)
+        # leave in one produce request, not one each. Two connections cost the event loop 1-3 µs more an
+        # event in writes, wake-ups and acknowledgements, and raised the median and the p99 at half of
+        # saturation (docs/BENCHMARKS.md, "One connection for the outputs").
+        outputs = OutputProducer(self._bootstrap)
+        await outputs.start()
+        self._producers.append(outputs)
+        return outputs.send
 
     async def stopping(self, app: Any) -> None:
         """The app has stopped fetching: commit what is delivered while the producers still run."""
@@ -317,11 +302,10 @@ class ExactlyOnce:
 
 
 def guarantee_for(processing_guarantee: str, *, bootstrap: str | Connection, group_id: str, input_topic: str,
-                  feature_log_topic: str | None, write_interval_s: float,
+                  write_interval_s: float,
                   current_epoch: Callable[[], int]) -> AtLeastOnce | ExactlyOnce:
     """The guarantee ``SEAM_PROCESSING_GUARANTEE`` names (``at_least_once`` or ``exactly_once``)."""
     if processing_guarantee == ExactlyOnce.name:
         return ExactlyOnce(bootstrap=bootstrap, group_id=group_id, input_topic=input_topic,
                            current_epoch=current_epoch)
-    return AtLeastOnce(bootstrap=bootstrap, input_topic=input_topic, feature_log_topic=feature_log_topic,
-                       write_interval_s=write_interval_s)
+    return AtLeastOnce(bootstrap=bootstrap, input_topic=input_topic, write_interval_s=write_interval_s)

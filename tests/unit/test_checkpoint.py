@@ -199,7 +199,7 @@ async def test_state_is_written_behind_between_commits_until_the_worker_stops() 
 
 def test_the_guarantee_is_chosen_once_by_its_name() -> None:
     options: dict[str, Any] = {"bootstrap": "127.0.0.1:1", "group_id": "g", "input_topic": "t",
-                               "feature_log_topic": None, "write_interval_s": 0.25, "current_epoch": lambda: 0}
+                               "write_interval_s": 0.25, "current_epoch": lambda: 0}
     at_least, exactly = guarantee_for("at_least_once", **options), guarantee_for("exactly_once", **options)
     assert isinstance(at_least, AtLeastOnce) and not at_least.cuts and at_least.commits_on_acks
     assert isinstance(exactly, ExactlyOnce) and exactly.cuts and not exactly.commits_on_acks and exactly.read_committed

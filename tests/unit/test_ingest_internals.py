@@ -569,3 +569,48 @@ def test_commit_fetcher_and_worker_names_of_the_compat_module_exist() -> None:
     # Faust's own commit, once it has chosen the offsets, is what seam's group commit does (commit_offsets).
     commit_tps = inspect.getsource(FaustConsumer._commit_tps)
     assert "_handle_attached(commit_offsets)" in commit_tps and "_commit_offsets(" in commit_tps
+
+
+def test_the_fetch_is_faust_getmany_without_its_method_queue() -> None:
+    """What tables.faust_compat.fetch_records calls: the thread's own fetch, on the thread's own loop."""
+    from mode.threads import ServiceThread
+
+    thread = faust_aiokafka.AIOKafkaConsumerThread
+    assert list(inspect.signature(thread.getmany).parameters) == ["self", "active_partitions", "timeout"]
+    getmany = inspect.getsource(thread.getmany)
+    assert "self.call_thread(" in getmany and "self._fetch_records," in getmany
+    assert "max_records=_consumer._max_poll_records" in getmany
+    assert list(inspect.signature(thread._fetch_records).parameters) == [
+        "self", "consumer", "active_partitions", "timeout", "max_records"]
+    assert "if not self.consumer.flow_active:" in inspect.getsource(thread._fetch_records)
+    assert "self.thread_loop = " in inspect.getsource(ServiceThread.__init__)
+    assert ingest._TunedConsumerThread.getmany is not thread.getmany
+
+
+def test_the_fetch_runs_on_the_thread_loop_and_answers_on_the_callers() -> None:
+    from tables.faust_compat import fetch_records
+
+    calls: list[tuple[Any, ...]] = []
+
+    async def scenario() -> None:
+        import threading
+
+        thread_loop = asyncio.new_event_loop()
+        runner = threading.Thread(target=thread_loop.run_forever, daemon=True)
+        runner.start()
+
+        async def fetch(consumer: Any, active: Any, *, timeout: float, max_records: int) -> dict[str, int]:
+            calls.append((asyncio.get_running_loop() is thread_loop, consumer, active, timeout, max_records))
+            return {"records": 3}
+
+        kafka = SimpleNamespace(_max_poll_records=500)
+        fake = SimpleNamespace(_ensure_consumer=lambda: kafka, _fetch_records=fetch, thread_loop=thread_loop)
+        try:
+            assert await fetch_records(fake, {"tp"}, 0.5) == {"records": 3}
+        finally:
+            thread_loop.call_soon_threadsafe(thread_loop.stop)
+            runner.join()
+            thread_loop.close()
+
+    asyncio.run(scenario())
+    assert calls == [(True, calls[0][1], {"tp"}, 0.5, 500)]
