@@ -48,7 +48,7 @@ from app.loadgen import produce
 from app.localhost import Subprocess, free_port, worker_argv, worker_env
 from app.synthetic import TransactionGenerator
 from app.topics import ensure_topics
-from bench.capacity import next_probe
+from bench.capacity import next_probe, p99_by_second
 from bench.job import Expected, compare, feature_log_by_id, load_model, reference
 from bench.kafka import (
     PARTITIONS,
@@ -468,14 +468,11 @@ class Bench:
                 answered[tx_id] = ts - appended[tx_id]
         censored = [cutoff_ms - ts for tx_id, ts in appended.items() if tx_id not in answered]
         lag = np.asarray([appended[i] - sent[i] for i in appended], dtype=np.float64)
-        per_second: dict[int, list[int]] = {}
-        for tx_id, latency in answered.items():
-            per_second.setdefault((sent[tx_id] - measure_from_ms) // 1000, []).append(latency)
         result = {"load": fraction, "offered_per_s": round(rate), "sent": len(sent),
                   "send_rate": round(report.rate), "answered": len(answered), "unanswered": len(censored),
                   "send_lag_ms": {"p50": float(np.percentile(lag, 50)), "p99": float(np.percentile(lag, 99))}
                   if len(lag) else {},
-                  "p99_ms_by_second": [round(float(np.percentile(v, 99)), 1) for _, v in sorted(per_second.items())],
+                  "p99_ms_by_second": p99_by_second(sent, answered, measure_from_ms),
                   **latency_percentiles(list(answered.values()), censored)}
         if metrics_before is not None and metrics_after is not None:
             result["worker"] = worker_stages(since(metrics_after, metrics_before))

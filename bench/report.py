@@ -252,8 +252,8 @@ record). Every mode computes the features with `tables/features.py` and writes s
   warm-up, and each run's topics are deleted when it ends.
 - **Live capacity:** between the highest load point at which seam adaptive kept up and the lowest at which
   it did not (or its saturation rate), {capacity_probes} more phases bisect the highest rate at which its
-  lag stays bounded: every input answered within the drain cap, and the p99 of the phase's last second
-  at most 50 ms above the highest of its first two.
+  lag stays bounded: every input answered within the drain cap, and the p99 of the phase's last whole second
+  of load at most 50 ms above the highest of its first two.
 - **Latency:** open-loop load (`app/loadgen.py`: a fixed schedule whether or not the mode keeps up) at
   {loads_pct} of seam adaptive's saturation rate for that model, {warmup_s:g} s of warm-up then {load_seconds:g} s
   measured. Latency = the prediction's broker append time minus the input's broker append time (both

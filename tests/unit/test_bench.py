@@ -13,7 +13,7 @@ from agents.formats.codec import feature_record
 from app.settings import Settings
 from app.synthetic import TransactionGenerator
 from bench import report
-from bench.capacity import kept_up, next_probe
+from bench.capacity import kept_up, next_probe, p99_by_second
 from bench.harness import SECURED, latency_percentiles, steady_rate, worker_stages
 from bench.job import (
     THRESHOLD,
@@ -187,6 +187,18 @@ def test_a_phase_kept_up_when_everything_was_answered_and_its_tail_did_not_climb
     assert not kept_up(_phase(1000, [40, 60, 45, 80, 111]))  # the queue grew: 111 > 60 + 50
     assert not kept_up(_phase(1000, [40, 40, 40], unanswered=1))
     assert not kept_up({"load": 0.8, "offered_per_s": 9000, "overloaded": True})
+
+
+def test_a_phase_is_judged_by_its_whole_seconds_only() -> None:
+    # Sent over 3.2 s from 1,000 ms: seconds 0-2 are whole, the fourth (0.2 s, after the load stopped) is not.
+    sent = {f"tx-{i}": 1000 + i * 10 for i in range(321)}
+    climbing = {tx: (sent_ms - 1000) // 10 for tx, sent_ms in sent.items()}  # the queue grows all the time
+    climbing.update({f"tx-{i}": 5 for i in range(300, 321)})  # ...but the last few, alone, are answered fast
+    by_second = p99_by_second(sent, climbing, 1000)
+    assert len(by_second) == 3 and by_second[-1] > by_second[0] + 150
+    assert not kept_up(_phase(1000, by_second))
+    assert p99_by_second(sent, {"tx-0": 7, "tx-99": 9, "tx-320": 400}, 1000) == [9.0]  # unanswered: left out
+    assert p99_by_second({}, {}, 0) == []
 
 
 def test_the_capacity_bracket_lies_between_the_fastest_kept_up_and_the_slowest_above_it() -> None:
