@@ -86,7 +86,7 @@ class AtLeastOnce:
         """``changelog``: the writer of the state's changelog records (default: on a producer of its own)."""
         self._bootstrap = bootstrap
         self._write_interval_s = write_interval_s
-        self._producers: list[OutputProducer] = []
+        self._outputs: OutputProducer | None = None
         self._changelog_producer: ChangelogProducer | None = None
         if changelog is None:
             changelog = ChangelogWriter(self._send_changelog, functools.partial(table_partition, input_topic))
@@ -105,10 +105,9 @@ class AtLeastOnce:
         # leave in one produce request, not one each. Two connections cost the event loop 1-3 µs more an
         # event in writes, wake-ups and acknowledgements, and raised the median and the p99 at half of
         # saturation (docs/BENCHMARKS.md, "One connection for the outputs").
-        outputs = OutputProducer(self._bootstrap)
-        await outputs.start()
-        self._producers.append(outputs)
-        return outputs.send
+        self._outputs = OutputProducer(self._bootstrap)
+        await self._outputs.start()
+        return self._outputs.send
 
     async def stopping(self, app: Any) -> None:
         """The app has stopped fetching: commit what is delivered while the producers still run."""
@@ -116,9 +115,9 @@ class AtLeastOnce:
 
     async def close(self) -> None:
         """Deliver what is pending and disconnect."""
-        producers, self._producers = self._producers, []
-        for producer in producers:
-            await producer.stop()
+        outputs, self._outputs = self._outputs, None
+        if outputs is not None:
+            await outputs.stop()
         if self._changelog_producer is not None:
             await self._changelog_producer.stop()
             self._changelog_producer = None

@@ -591,6 +591,7 @@ def test_the_fetch_runs_on_the_thread_loop_and_answers_on_the_callers() -> None:
     from tables.faust_compat import fetch_records
 
     calls: list[tuple[Any, ...]] = []
+    kafka = SimpleNamespace(_max_poll_records=500)
 
     async def scenario() -> None:
         import threading
@@ -603,7 +604,6 @@ def test_the_fetch_runs_on_the_thread_loop_and_answers_on_the_callers() -> None:
             calls.append((asyncio.get_running_loop() is thread_loop, consumer, active, timeout, max_records))
             return {"records": 3}
 
-        kafka = SimpleNamespace(_max_poll_records=500)
         fake = SimpleNamespace(_ensure_consumer=lambda: kafka, _fetch_records=fetch, thread_loop=thread_loop)
         try:
             assert await fetch_records(fake, {"tp"}, 0.5) == {"records": 3}
@@ -613,4 +613,4 @@ def test_the_fetch_runs_on_the_thread_loop_and_answers_on_the_callers() -> None:
             thread_loop.close()
 
     asyncio.run(scenario())
-    assert calls == [(True, calls[0][1], {"tp"}, 0.5, 500)]
+    assert calls == [(True, kafka, {"tp"}, 0.5, 500)]
