@@ -26,9 +26,13 @@ bytes, where a number object takes 32 and its slot 8 more. A hot key, one with a
 
 ``values`` holds one column per field the spec's features read (``spec.stored``, in that order). A new
 event is inserted with ``bisect``; every event already in the state arrived before it, so its
-windows are index ranges found by bisection and its aggregates are C-level ``sum``/``max``/``set``
-over list slices. Only a redelivered event (its id is already in the state) takes the slow path that
-also filters by arrival number, so it is scored with exactly the features it had the first time.
+windows are index ranges found by bisection and its aggregates are C-level ``fsum``/``max``/``set``
+over list slices. All of an event's windows end at it, so a longer window's range holds a shorter one's:
+where the two start at the same event (the key had nothing between their starts) the longer takes the
+shorter's aggregates, and its maximum and minimum otherwise start from the shorter's, so a key's
+events are not walked once per window. Only a redelivered event (its id is already in the state) takes
+the slow path that also filters by arrival number, so it is scored with exactly the features it had the
+first time.
 
 Eviction keeps the state bounded without changing any result. A future event of this key that is not
 late has ``ts >= key_max_ts - allowed_lateness`` (the partition's watermark is at least that), so it
@@ -596,19 +600,27 @@ def _compile(plan: _Plan, indexed: bool) -> Callable[..., tuple[float, ...]]:
             body.append(f"    maxima{col} = index.maxima[{col}]")
         for col in sorted(plan.minima):
             body.append(f"    minima{col} = index.minima[{col}]")
-    for w, window in enumerate(plan.windows):
+    # The sliced path takes the windows from the shortest: all end at the event, so a longer window's range
+    # holds a shorter one's, and its aggregates of a column start from the shorter window's (see _sliced).
+    order = sorted(range(len(plan.windows)), key=lambda w: plan.windows[w].ms) if not indexed else range(
+        len(plan.windows))
+    shorter: dict[int, tuple[str, str, frozenset[str]]] = {}  # column -> (lo, name, kinds) of its last window
+    for w in order:
+        window = plan.windows[w]
         lo = f"lo{w}"
         body.append(f"    {lo} = bisect_right(times, ts_ms - {window.ms}, 0, hi)")
         for slot in window.counts:
             out[slot] = f"float(hi - {lo})"
         for aggregate in window.aggregates:
             col, name = aggregate.column, f"w{w}c{aggregate.column}"
-            if not indexed and (aggregate.total or aggregate.maxima or aggregate.minima or aggregate.stds
-                                or aggregate.distincts):
-                body.append(f"    {name} = columns[{col}][{lo}:hi]")
+            if not indexed:
+                kinds = _kinds(aggregate)
+                body += _sliced(col, name, lo, kinds, shorter.get(col))
+                shorter[col] = (lo, name, kinds)
+            elif aggregate.total:
+                body.append(f"    sum_{name} = (prefix{col}[hi] - prefix{col}[{lo}]) / unit{col}")
             if aggregate.total:
-                total = f"(prefix{col}[hi] - prefix{col}[{lo}]) / unit{col}" if indexed else f"fsum({name})"
-                body += [f"    sum_{name} = {total}", f"    mean_{name} = sum_{name} / (hi - {lo})"]
+                body.append(f"    mean_{name} = sum_{name} / (hi - {lo})")
             for slot in aggregate.sums:
                 out[slot] = f"sum_{name}"
             for slot in aggregate.means:
@@ -616,14 +628,14 @@ def _compile(plan: _Plan, indexed: bool) -> Callable[..., tuple[float, ...]]:
             for slot in aggregate.ratios:
                 out[slot] = f"(columns[{col}][pos] / mean_{name} if mean_{name} else 0.0)"
             for slot in aggregate.maxima:
-                out[slot] = f"maxima{col}.extreme(columns[{col}], {lo}, hi)" if indexed else f"float(max({name}))"
+                out[slot] = f"maxima{col}.extreme(columns[{col}], {lo}, hi)" if indexed else f"float(max_{name})"
             for slot in aggregate.minima:
-                out[slot] = f"minima{col}.extreme(columns[{col}], {lo}, hi)" if indexed else f"float(min({name}))"
+                out[slot] = f"minima{col}.extreme(columns[{col}], {lo}, hi)" if indexed else f"float(min_{name})"
             for slot in aggregate.stds:
-                out[slot] = f"sqrt(sums{col}.variance({lo}, hi))" if indexed else f"sqrt(_variance({name}))"
+                out[slot] = f"sqrt(sums{col}.variance({lo}, hi))" if indexed else f"sqrt(var_{name})"
             for slot in aggregate.distincts:
                 out[slot] = (f"float(index.distinct[{col}, {window.ms}].count(state, {lo}, pos))" if indexed
-                             else f"float(len(set({name})))")
+                             else f"float(distinct_{name})")
     if plan.since_prev or plan.last:
         lasts = sorted({col for _, col, _ in plan.last})
         body += ["    if pos:", "        since = (ts_ms - times[pos - 1]) / 1000.0"]
@@ -645,6 +657,44 @@ def _compile(plan: _Plan, indexed: bool) -> Callable[..., tuple[float, ...]]:
     plan.sources.append(source)
     function: Callable[..., tuple[float, ...]] = namespace["features"]
     return function
+
+
+# What the sliced path computes over a window's slice of a column, per aggregate it needs.
+_SLICED = {"sum": "fsum({0})", "max": "max({0})", "min": "min({0})", "var": "_variance({0})",
+           "distinct": "len(set({0}))"}
+
+
+def _kinds(aggregate: _Aggregate) -> frozenset[str]:
+    needed = {"sum": aggregate.total, "max": aggregate.maxima, "min": aggregate.minima, "var": aggregate.stds,
+              "distinct": aggregate.distincts}
+    return frozenset(kind for kind, wanted in needed.items() if wanted)
+
+
+def _sliced(col: int, name: str, lo: str, kinds: frozenset[str],
+            shorter: tuple[str, str, frozenset[str]] | None) -> list[str]:
+    """Lines that set ``<kind>_<name>`` for each of ``kinds`` over ``columns[col][lo:hi]``.
+
+    ``shorter``: the (lo, name, kinds) of the column's next shorter window, whose range ends where this one
+    does and starts at or after ``lo``. Where both start at the same event (the key had no event between
+    the two windows' starts: usual), the shorter window's aggregates are this one's. Otherwise a maximum or minimum
+    is the shorter window's combined with the events before it (the same element ``max`` or ``min`` of the
+    whole slice returns, a signed zero included: the earlier events come first and win ties, as in the slice);
+    a sum, a variance and a distinct count are taken over the whole slice, as exactness needs.
+    """
+    whole = f"{name} = columns[{col}][{lo}:hi]"
+    own = {kind: f"{kind}_{name} = {_SLICED[kind].format(name)}" for kind in sorted(kinds)}
+    if shorter is None or not kinds & shorter[2]:
+        return [f"    {line}" for line in (whole, *own.values())]
+    inner_lo, inner, inner_kinds = shorter
+    same = [f"{kind}_{name} = {kind}_{inner}" if kind in inner_kinds else own[kind] for kind in own]
+    apart = [f"{kind}_{name} = {kind}({kind}(columns[{col}][{lo}:{inner_lo}]), {kind}_{inner})"
+             if kind in inner_kinds and kind in ("max", "min") else own[kind] for kind in own]
+
+    def block(lines: list[str]) -> list[str]:
+        sliced = [whole] if any(line in own.values() for line in lines) else []
+        return [f"        {line}" for line in sliced + lines]
+
+    return [f"    if {lo} == {inner_lo}:", *block(same), "    else:", *block(apart)]
 
 
 def _replayed_features(state: KeyState, index: int, plan: _Plan) -> tuple[float, ...]:

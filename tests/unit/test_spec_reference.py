@@ -21,7 +21,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from tables.cache import StateCache
-from tables.features import KeyState, apply_event, has_event, memory_bytes, replayable
+from tables.features import KeyState, apply_event, has_event, memory_bytes, new_state, replayable
 from tables.key_store import Stored, changes, decode, decode_many
 from tables.spec import OPERATIONS, FeatureSpec, parse_spec
 from tests.reference import Late, Scored, replay_spec
@@ -216,3 +216,32 @@ def test_every_operation_is_generated() -> None:
     """The generator above can name every operation (a new one must be added to the reference too)."""
     assert set(OPERATIONS) == {"count", "sum", "mean", "min", "max", "std", "distinct", "last", "since_prev",
                                "ratio_to_mean"}
+
+
+NESTED = parse_spec("\n".join(
+    ['name = "nested"', 'key = "k"', 'event_id = "eid"', 'event_time = "t"', 'allowed_lateness = "0s"', "",
+     "[fields]", 'x = { type = "float" }']
+    + [line for window in ("1m", "10m", "1h") for op in ("max", "min", "sum") for line in
+       ("", "[[features]]", f'name = "{op}_{window}"', f'op = "{op}"', 'field = "x"', f'window = "{window}"')]) + "\n")
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(events=st.lists(st.tuples(st.integers(0, 5400), st.sampled_from((-0.0, 0.0, 1.5, -2.0, 0.1))), min_size=1,
+                max_size=40))
+def test_nested_windows_give_what_their_whole_slices_give(events: list[tuple[int, float]], window_paths: str) -> None:
+    """A longer window's maximum and minimum start from a shorter one's (the sliced path): the same element the
+    whole window gives, a signed zero included, wherever an event falls between the windows' starts. (A window
+    index gives the same values, but may give 0.0 where a tie with -0.0 came first.)"""
+    state = KeyState(new_state(NESTED))
+    held: list[tuple[int, float]] = []
+    for number, (second, value) in enumerate(sorted(events, key=lambda event: event[0])):
+        ts = T + second * S
+        features = apply_event(state, f"e{number}", ts, (value,), allowed_lateness_ms=0, spec=NESTED).features
+        held.append((ts, value))
+        expected = []
+        for window_ms in (60_000, 600_000, 3_600_000):
+            window = [held_value for held_ts, held_value in held if ts - window_ms < held_ts <= ts]
+            expected += [max(window), min(window), math.fsum(window)]
+        assert list(features) == expected
+        if window_paths == "slices":
+            assert [math.copysign(1.0, f) for f in features] == [math.copysign(1.0, f) for f in expected]
