@@ -436,6 +436,13 @@ class _Aggregate:
         """Whether the window's sum is needed (for a sum, a mean or a ratio to the mean)."""
         return bool(self.sums or self.means or self.ratios)
 
+    @property
+    def kinds(self) -> frozenset[str]:
+        """What the sliced path computes over the window's slice for these features (keys of ``_SLICED``)."""
+        needed = {"sum": self.total, "max": self.maxima, "min": self.minima, "var": self.stds,
+                  "distinct": self.distincts}
+        return frozenset(kind for kind, wanted in needed.items() if wanted)
+
 
 @dataclass(frozen=True, slots=True)
 class _Window:
@@ -602,8 +609,8 @@ def _compile(plan: _Plan, indexed: bool) -> Callable[..., tuple[float, ...]]:
             body.append(f"    minima{col} = index.minima[{col}]")
     # The sliced path takes the windows from the shortest: all end at the event, so a longer window's range
     # holds a shorter one's, and its aggregates of a column start from the shorter window's (see _sliced).
-    order = sorted(range(len(plan.windows)), key=lambda w: plan.windows[w].ms) if not indexed else range(
-        len(plan.windows))
+    order = range(len(plan.windows)) if indexed else sorted(range(len(plan.windows)),
+                                                            key=lambda w: plan.windows[w].ms)
     shorter: dict[int, tuple[str, str, frozenset[str]]] = {}  # column -> (lo, name, kinds) of its last window
     for w in order:
         window = plan.windows[w]
@@ -614,9 +621,8 @@ def _compile(plan: _Plan, indexed: bool) -> Callable[..., tuple[float, ...]]:
         for aggregate in window.aggregates:
             col, name = aggregate.column, f"w{w}c{aggregate.column}"
             if not indexed:
-                kinds = _kinds(aggregate)
-                body += _sliced(col, name, lo, kinds, shorter.get(col))
-                shorter[col] = (lo, name, kinds)
+                body += _sliced(col, name, lo, aggregate.kinds, shorter.get(col))
+                shorter[col] = (lo, name, aggregate.kinds)
             elif aggregate.total:
                 body.append(f"    sum_{name} = (prefix{col}[hi] - prefix{col}[{lo}]) / unit{col}")
             if aggregate.total:
@@ -662,12 +668,6 @@ def _compile(plan: _Plan, indexed: bool) -> Callable[..., tuple[float, ...]]:
 # What the sliced path computes over a window's slice of a column, per aggregate it needs.
 _SLICED = {"sum": "fsum({0})", "max": "max({0})", "min": "min({0})", "var": "_variance({0})",
            "distinct": "len(set({0}))"}
-
-
-def _kinds(aggregate: _Aggregate) -> frozenset[str]:
-    needed = {"sum": aggregate.total, "max": aggregate.maxima, "min": aggregate.minima, "var": aggregate.stds,
-              "distinct": aggregate.distincts}
-    return frozenset(kind for kind, wanted in needed.items() if wanted)
 
 
 def _sliced(col: int, name: str, lo: str, kinds: frozenset[str],
