@@ -12,7 +12,7 @@ import base64
 import json
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from tables.features import DEFAULT_SPEC
-from tables.spec import MAX_ID_CHARS, FeatureSpec, check_value
+from tables.spec import MAX_ID_CHARS, FeatureSpec, Field, check_value
 
 __all__ = [
     "DEFAULT_CONTRACT",
@@ -66,10 +66,88 @@ class Invalid:
     message: str
 
 
+def _acceptor(contract: Contract) -> Callable[[dict[str, Any]], Event | None]:
+    """The contract's checks compiled into one function of a decoded record: its :class:`Event` where every value
+    has exactly its declared type (an ``int`` also where a number is declared) and lies within its bounds, else
+    None, and :meth:`Contract.checked` says why (or accepts what this leaves to it: a non-ASCII value of a string
+    field, a ``str`` subclass).
+
+    Checking an example transaction field by field through :func:`tables.spec.check_value` took 2.9 µs of the
+    4.1 µs its JSON took to decode; in one pass 1.6 of 2.7. The checks here are the same comparisons against the
+    same bounds, so what this accepts :meth:`Contract.checked` accepts too, as the same event
+    (``tests/unit/test_codec.py`` holds them to each other).
+    """
+    spec = contract.spec
+    constants: dict[str, Any] = {"Event": Event, "intern": sys.intern, "iso_ms": _iso_ms}
+    lines = ["def accept(obj):", "    get = obj.get"]
+    requirements = []
+    for var, name in (("i", contract.event_id), ("k", contract.key)):
+        lines.append(f"    {var} = get({name!r})")
+        # (an unpaired surrogate is not printable)
+        requirements.append(f"type({var}) is str and 0 < len({var}) <= {MAX_ID_CHARS} and {var}.isprintable()")
+    lines.append(f"    t = get({contract.event_time!r})")
+    if contract.iso_time:
+        lines.append("    t = iso_ms(t)")
+    requirements.append(f"type(t) is int and {MIN_TS_MS} <= t <= {MAX_TS_MS}")
+    lines.append(f"    if not ({' and '.join(requirements)}):")
+    lines.append("        return None")
+    values = ["None"] * len(spec.stored)
+    for index, (field, numeric, slot) in enumerate(contract._fields):
+        var = f"v{index}"
+        lines.append(f"    {var} = get({field.name!r})")
+        fits = _fits(field, var, index, constants)
+        if field.optional:
+            # A missing optional field takes its default unchecked, as Contract.checked takes it.
+            default = field.default
+            if default is not None:
+                constants[f"d{index}"] = float(default) if numeric else sys.intern(default)
+            lines += [f"    if {var} is None:", f"        {var} = {f'd{index}' if default is not None else 'None'}",
+                      f"    elif not ({fits}):", "        return None"]
+        else:
+            lines += [f"    if not ({fits}):", "        return None"]
+        if slot >= 0:
+            # Numbers stored as floats, strings as one object each (a default already is).
+            convert = f"{var} = {'float' if numeric else 'intern'}({var})"
+            lines.append(f"    else:\n        {convert}" if field.optional else f"    {convert}")
+            values[slot] = var
+    lines.append(f"    return Event(i, k, t, ({''.join(f'{v}, ' for v in values)}))")
+    namespace = dict(constants)
+    exec("\n".join(lines), namespace)  # noqa: S102 - source built above from the spec's names and bounds
+    return namespace["accept"]  # type: ignore[no-any-return]
+
+
+def _fits(field: Field, var: str, index: int, constants: dict[str, Any]) -> str:
+    """An expression: whether ``var`` has exactly ``field``'s type and lies within its bounds."""
+    kind = field.type
+    if kind == "string":
+        return f"type({var}) is str and 0 < len({var}) <= {field.max_chars} and {var}.isascii()"
+    if kind == "bool":
+        return f"type({var}) is bool"
+    # check_value's bounds, all of them: a float's range (which also rules out NaN and the infinities), min, max.
+    largest = sys.float_info.max
+    constants[f"lo{index}"] = max(-largest, field.min) if field.min is not None else -largest
+    constants[f"hi{index}"] = min(largest, field.max) if field.max is not None else largest
+    types = f"type({var}) is int" if kind == "int" else f"(type({var}) is float or type({var}) is int)"
+    return f"{types} and lo{index} <= {var} <= hi{index}"
+
+
+def _iso_ms(value: Any) -> int | str:
+    """An ISO-8601 time with a zone (``2026-12-02T13:35:14.250+00:00``, ``...Z``) in epoch ms, or why not."""
+    if not isinstance(value, str):
+        return f"must be an ISO-8601 time with a zone, got {type(value).__name__}"
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return f"{value[:64]!r} is not an ISO-8601 time"
+    if parsed.tzinfo is None:
+        return f"{value[:64]!r} has no zone (add Z or +hh:mm)"
+    return (parsed - _EPOCH) // _MILLISECOND  # exact: whole milliseconds, rounded down
+
+
 class Contract:
     """What a feature spec asks of an input record, and the names its outputs carry."""
 
-    __slots__ = ("_fields", "event_id", "event_time", "iso_time", "key", "label", "spec")
+    __slots__ = ("_accept", "_fields", "event_id", "event_time", "iso_time", "key", "label", "spec")
 
     def __init__(self, spec: FeatureSpec) -> None:
         self.spec = spec
@@ -79,6 +157,7 @@ class Contract:
         slots = {name: index for index, name in enumerate(spec.stored)}
         # (field, numeric, its slot in Event.values or -1): checked in declaration order.
         self._fields = tuple((f, f.type != "string", slots.get(f.name, -1)) for f in spec.fields)
+        self._accept = _acceptor(self)
 
     def validate(self, obj: dict[str, Any], *, typed: bool = False) -> Event | Invalid:
         """Check a decoded record (JSON or Avro) against the contract; never raises.
@@ -86,6 +165,11 @@ class Contract:
         ``typed``: the record was decoded with a schema that declares the contract's fields with their
         types (an Avro writer schema, see :func:`agents.formats.avro.declares_contract`): only values are checked.
         """
+        event = self._accept(obj)  # the common case, a record that passes every check, in one pass
+        return event if event is not None else self.checked(obj, typed=typed)
+
+    def checked(self, obj: dict[str, Any], *, typed: bool = False) -> Event | Invalid:
+        """:meth:`validate` check by check, in declaration order: the first check that fails says why."""
         event_id: Any = obj.get(self.event_id)
         key: Any = obj.get(self.key)
         ts: Any = obj.get(self.event_time)
@@ -193,19 +277,6 @@ class JsonInput:
 def _first_unprintable(text: str) -> str:
     position, character = next((i, c) for i, c in enumerate(text) if not c.isprintable())
     return f"U+{ord(character):04X} at position {position}"
-
-
-def _iso_ms(value: Any) -> int | str:
-    """An ISO-8601 time with a zone (``2026-12-02T13:35:14.250+00:00``, ``...Z``) in epoch ms, or why not."""
-    if not isinstance(value, str):
-        return f"must be an ISO-8601 time with a zone, got {type(value).__name__}"
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return f"{value[:64]!r} is not an ISO-8601 time"
-    if parsed.tzinfo is None:
-        return f"{value[:64]!r} has no zone (add Z or +hh:mm)"
-    return (parsed - _EPOCH) // _MILLISECOND  # exact: whole milliseconds, rounded down
 
 
 def _is_utf8(text: str) -> bool:
