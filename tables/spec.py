@@ -97,6 +97,13 @@ class Field:
     max: float | None = None
     max_chars: int = MAX_ID_CHARS
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The closed range a number of this field must lie in, as :func:`check_value` holds it: a float's range
+        (which leaves out NaN and the infinities), narrowed by ``min`` and ``max``."""
+        low = -_FLOAT_MAX if self.min is None else max(-_FLOAT_MAX, self.min)
+        return low, _FLOAT_MAX if self.max is None else min(_FLOAT_MAX, self.max)
+
 
 @dataclass(frozen=True, slots=True)
 class Feature:

@@ -111,9 +111,8 @@ def _acceptor(contract: Contract) -> Callable[[dict[str, Any]], Event | None]:
             lines.append(f"    else:\n        {convert}" if field.optional else f"    {convert}")
             values[slot] = var
     lines.append(f"    return Event(i, k, t, ({''.join(f'{v}, ' for v in values)}))")
-    namespace = dict(constants)
-    exec("\n".join(lines), namespace)  # noqa: S102 - source built above from the spec's names and bounds
-    return namespace["accept"]  # type: ignore[no-any-return]
+    exec("\n".join(lines), constants)  # noqa: S102 - source built above from the spec's names and bounds
+    return constants["accept"]  # type: ignore[no-any-return]
 
 
 def _fits(field: Field, var: str, index: int, constants: dict[str, Any]) -> str:
@@ -123,10 +122,7 @@ def _fits(field: Field, var: str, index: int, constants: dict[str, Any]) -> str:
         return f"type({var}) is str and 0 < len({var}) <= {field.max_chars} and {var}.isascii()"
     if kind == "bool":
         return f"type({var}) is bool"
-    # check_value's bounds, all of them: a float's range (which also rules out NaN and the infinities), min, max.
-    largest = sys.float_info.max
-    constants[f"lo{index}"] = max(-largest, field.min) if field.min is not None else -largest
-    constants[f"hi{index}"] = min(largest, field.max) if field.max is not None else largest
+    constants[f"lo{index}"], constants[f"hi{index}"] = field.bounds  # check_value's bounds, all of them
     types = f"type({var}) is int" if kind == "int" else f"(type({var}) is float or type({var}) is int)"
     return f"{types} and lo{index} <= {var} <= hi{index}"
 
