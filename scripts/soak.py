@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/soak.py --rate 3000 --cards 100000 --duration 1800   # the 30-minute run
     .venv/bin/python scripts/soak.py --rate 4000 --cards 20000 --duration 60      # a one-minute probe
-    .venv/bin/python scripts/soak.py --duration 900 --time-lapse 32               # four horizons in 15 min
+    .venv/bin/python scripts/soak.py --duration 900 --time-lapse 32               # six horizons in 15 min
     .venv/bin/python scripts/soak.py --plot soak.png plain=a.json lapse=b.json     # p99 and RSS per window
 
 It starts a local broker on ``--port`` unless one answers there (and stops only one it started), creates
@@ -15,10 +15,11 @@ its event-loop lag (``seam_event_loop_lag_seconds``) and its state cache (``seam
 ``--out`` the windows are also written as JSON. Everything started is stopped at the end, also on Ctrl-C, and
 the run's topics are deleted (the worker's log and its last ``/metrics`` stay in its data directory).
 
-A card's state keeps about two hours of its events (the replay horizon), so a real-time soak shorter
-than that never reaches a steady state. ``--time-lapse K`` runs event time K times faster than the
-wall clock from the start of the load (one event per card per ``mean gap / K`` of wall time on
-average, the same rate), so a 15-minute run at K=32 covers four horizons: the states stop growing and
+A card's state keeps 71 minutes of its events (the example spec's horizon: lateness, replay allowance
+and the longest window), so a real-time soak shorter than that never reaches a steady state.
+``--time-lapse K`` runs event time K times faster than the wall clock from the start of the load (one
+event per card per ``mean gap / K`` of wall time on average, the same rate), so a 15-minute run at K=32
+covers six horizons: the states stop growing and
 the worker must hold its tail and its memory flat from then on. The last line says whether it did:
 the p99 of the last five windows against that of the first five (target: at most 10 ms more), and
 resident memory over the last half of the run (target: at most 5 % growth).

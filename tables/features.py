@@ -37,12 +37,13 @@ first time.
 Eviction keeps the state bounded without changing any result. A future event of this key that is not
 late has ``ts >= key_max_ts - allowed_lateness`` (the partition's watermark is at least that), so it
 never needs anything at or below ``key_max_ts - allowed_lateness - W`` (``W`` the largest window). A
-*redelivered* event is scored again from the state only while it lies within that same replay horizon
-(:func:`replayable`); older redeliveries are below the watermark and go to the late topic like any
-late event. Replaying an event at the horizon needs one more window of context, so the state keeps
-events down to ``key_max_ts - allowed_lateness - 2·W`` and evicts the rest (a large state, once they
-are a 32nd of it). ``prev`` and ``pv`` keep the highest evicted time and that event's values, for
-``since_prev`` and ``last``.
+*redelivered* event is scored again from the state only while it lies within the replay horizon,
+``ts >= key_max_ts - allowed_lateness - R`` (:func:`replayable`; ``R`` the spec's replay allowance,
+by default ``W``); older redeliveries are below the watermark and go to the late topic like any
+late event. Replaying an event at the replay horizon needs its window of context, so the state keeps
+events down to ``key_max_ts - allowed_lateness - R - W`` (``spec.horizon_ms``) and evicts the rest
+(a large state, once they are a 32nd of it). ``prev`` and ``pv`` keep the highest evicted time and that
+event's values, for ``since_prev`` and ``last``.
 
 Sums and variances are exact, rounded once (the exact sum of the window's values; the exact
 population variance, whose square root is ``std``), so every way of computing a window gives the same
@@ -388,7 +389,7 @@ def apply_event(
             column.insert(pos, value)
         if index is not None:
             index.insert(state, pos)
-    pos = _evict(state, pos, times[-1] - allowed_lateness_ms - 2 * spec.max_window_ms, index)
+    pos = _evict(state, pos, times[-1] - allowed_lateness_ms - spec.replay_allowance_ms - spec.max_window_ms, index)
     if index is None or state.index is None:
         return Applied(plan.sliced(state, pos), False)
     index.stamp = (state["n"], len(times))
@@ -412,7 +413,7 @@ def latest_features(state: KeyState, spec: FeatureSpec = DEFAULT_SPEC) -> tuple[
 def replayable(state: KeyState, ts_ms: int, *, allowed_lateness_ms: int, spec: FeatureSpec = DEFAULT_SPEC) -> bool:
     """Say whether an already-applied event at ``ts_ms`` can be scored again with its first features."""
     times: list[int] = state["ts"]
-    return not times or ts_ms >= times[-1] - allowed_lateness_ms - spec.max_window_ms
+    return not times or ts_ms >= times[-1] - allowed_lateness_ms - spec.replay_allowance_ms
 
 
 # --- what a spec computes, laid out for the hot path -----------------------------------------------------------

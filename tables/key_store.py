@@ -1,7 +1,7 @@
 """How a key's state is laid out in its table: a header that carries the newest events, and sealed chunks.
 
-A key keeps every event of its replay horizon (allowed lateness plus twice the largest window, two
-hours and more by default). Written as one value, each flush would rewrite all of them, so the bytes
+A key keeps every event of its horizon (allowed lateness, the replay allowance and the largest window,
+71 minutes in the example spec). Written as one value, each flush would rewrite all of them, so the bytes
 sent to the changelog would grow with the events a key keeps, not with the events that changed. Split
 by fixed time buckets, a quiet key would need one read per bucket to load. The state is therefore
 split by *count*, along event time:

@@ -1,8 +1,9 @@
 """A feature spec: the stream a worker reads and the features it computes, declared in a TOML file (pure code).
 
 A spec names the entity key (state is kept per key, and it is the records' Kafka key), the event id
-and the event time, the input fields with their types and bounds, the allowed lateness, and the
-features in model order. Each feature is an operation, over an input field where the operation
+and the event time, the input fields with their types and bounds, the allowed lateness, how far
+back a redelivery is still scored as the first time (the replay allowance), and the features in model
+order. Each feature is an operation, over an input field where the operation
 needs one, and over a window where it needs one::
 
     name = "sensors"
@@ -10,6 +11,7 @@ needs one, and over a window where it needs one::
     event_id = "reading_id"
     event_time = "ts"
     allowed_lateness = "30s"
+    replay_allowance = "5m"
 
     [fields]
     temperature = { type = "float", min = -100.0, max = 200.0 }
@@ -34,7 +36,7 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +132,9 @@ class FeatureSpec:
     time_format: str = "epoch_ms"
     label: str = "flagged"  # the predictions' boolean: score >= the worker's threshold
     avro_record: str = "Event"  # the name of the Avro input schema's record (what producers register)
+    # How far a key's newest event may be past a redelivered one, beyond the allowed lateness, for the
+    # redelivery to be scored again with its first features (a spec file's default: its longest window).
+    replay_allowance_ms: int = 0
     names: tuple[str, ...] = field(init=False)
     stored: tuple[str, ...] = field(init=False)  # the fields a key's state keeps, per event (declaration order)
     max_window_ms: int = field(init=False)
@@ -147,9 +152,16 @@ class FeatureSpec:
         return feature_set_version(self.names)
 
     @property
+    def replay_horizon_ms(self) -> int:
+        """How far below its key's newest event a redelivery is still scored with its first features: the
+        allowed lateness and the replay allowance. An older one goes to the late topic."""
+        return self.allowed_lateness_ms + self.replay_allowance_ms
+
+    @property
     def horizon_ms(self) -> int:
-        """How far back in event time a key's state reaches: the allowed lateness and twice the longest window."""
-        return self.allowed_lateness_ms + 2 * self.max_window_ms
+        """How far back in event time a key's state reaches: the replay horizon and the longest window (a
+        redelivery at the replay horizon is scored from its window's events)."""
+        return self.replay_horizon_ms + self.max_window_ms
 
     @property
     def layout(self) -> str:
@@ -198,8 +210,8 @@ def parse_spec(text: str, *, source: str = "<spec>") -> FeatureSpec:
 class _Reader:
     """Turns a parsed TOML document into a FeatureSpec, with errors that say where."""
 
-    TOP = ("name", "key", "event_id", "event_time", "time_format", "allowed_lateness", "label", "avro_record",
-           "fields", "features")
+    TOP = ("name", "key", "event_id", "event_time", "time_format", "allowed_lateness", "replay_allowance", "label",
+           "avro_record", "fields", "features")
     FIELD_KEYS = ("type", "optional", "default", "min", "max", "max_chars")
     FEATURE_KEYS = ("name", "op", "field", "window", "default")
 
@@ -242,6 +254,12 @@ class _Reader:
             lateness = parse_duration_ms(doc.get("allowed_lateness", "0s"))
         except ValueError as exc:
             raise self.fail(f"'allowed_lateness': {exc}", r"^\s*allowed_lateness\s*=") from None
+        replay_allowance = None
+        if "replay_allowance" in doc:
+            try:
+                replay_allowance = parse_duration_ms(doc["replay_allowance"])
+            except ValueError as exc:
+                raise self.fail(f"'replay_allowance': {exc}", r"^\s*replay_allowance\s*=") from None
         label = doc.get("label", "flagged")
         if not isinstance(label, str) or not _NAME.match(label) or label in roles.values() or label in (
                 "score", "model", "timing"):
@@ -268,8 +286,9 @@ class _Reader:
                 raise self.fail(f"feature {feature.name!r} is declared twice: feature names are the model's "
                                 "input names and must be unique", *self.feature_lines(feature.name, index))
             features.append(feature)
-        return FeatureSpec(name.strip(), roles["key"], roles["event_id"], roles["event_time"], fields,
+        spec = FeatureSpec(name.strip(), roles["key"], roles["event_id"], roles["event_time"], fields,
                            tuple(features), lateness, time_format, label, avro_record)
+        return replace(spec, replay_allowance_ms=spec.max_window_ms if replay_allowance is None else replay_allowance)
 
     def input_field(self, name: str, value: Any, roles: dict[str, str]) -> Field:
         where = (rf"^\s*\[\s*fields\.{re.escape(name)}\s*\]", rf"^\s*{re.escape(name)}\s*=")
@@ -425,11 +444,11 @@ def format_duration(ms: int) -> str:
 
 def describe(spec: FeatureSpec) -> str:
     """A spec for people: what it reads, how long a key's state reaches back, then each feature in model order."""
-    horizon = spec.allowed_lateness_ms + 2 * spec.max_window_ms
     lines = [f"spec {spec.name!r}: {len(spec.features)} features per {spec.key} (event id {spec.event_id}, "
              f"event time {spec.event_time} as {spec.time_format}); allowed lateness "
-             f"{format_duration(spec.allowed_lateness_ms)}; a key's state keeps {format_duration(horizon)} of "
-             f"its events ({', '.join(spec.stored) or 'times only'})"]
+             f"{format_duration(spec.allowed_lateness_ms)}; redeliveries scored as the first time up to "
+             f"{format_duration(spec.replay_horizon_ms)} below their key's newest event; a key's state keeps "
+             f"{format_duration(spec.horizon_ms)} of its events ({', '.join(spec.stored) or 'times only'})"]
     width = max(len(name) for name in spec.names)
     for number, feature in enumerate(spec.features, 1):
         over = f" of {feature.field}" if feature.field else ""
@@ -444,8 +463,8 @@ def layout_change(recorded: str, spec: FeatureSpec) -> str | None:
 
     The state can serve a spec that keys by the same field, keeps the same fields, and reaches back no
     further than the state does: features may be added, removed or reordered over those fields, and
-    windows or the lateness may shrink. Anything else would compute features from history the state
-    does not hold, or from the wrong columns.
+    windows, the lateness or the replay allowance may shrink. Anything else would compute features from
+    history the state does not hold, or from the wrong columns.
     """
     try:
         held = json.loads(recorded)
@@ -464,7 +483,7 @@ def layout_change(recorded: str, spec: FeatureSpec) -> str | None:
         return (f"the state keeps the fields {', '.join(fields)} and the spec reads {', '.join(spec.stored) or 'none'}"
                 f": a state keeps the fields it was built with; {advice}")
     if spec.horizon_ms > horizon:
-        return (f"the spec reaches back {format_duration(spec.horizon_ms)} (allowed lateness and twice its longest "
-                f"window) but the state holds {format_duration(horizon)}: the longer windows would miss events; "
-                f"{advice}")
+        return (f"the spec reaches back {format_duration(spec.horizon_ms)} (allowed lateness, replay allowance and "
+                f"longest window) but the state holds {format_duration(horizon)}: windows reaching further back would "
+                f"miss events; {advice}")
     return None

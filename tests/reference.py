@@ -5,7 +5,8 @@ the production code but the feature names. It replays events in arrival order (p
 Kafka delivers them) with the documented rules:
 
 * an event whose id was already applied is scored again with the features it got the first time, if
-  it lies within the replay horizon (``ts >= the card's highest applied ts - lateness - 3600 s``);
+  it lies within the replay horizon (``ts >= the card's highest applied ts - lateness - the replay
+  allowance``, 10 minutes in the example spec);
 * otherwise it is late when its ``ts`` is below its partition's watermark (the highest ``ts`` of
   the partition's earlier on-time events minus the allowed lateness): not applied, not scored;
 * otherwise it is applied, and its features cover the card's applied events (itself included,
@@ -57,7 +58,8 @@ def features_of(event: Mapping[str, Any], applied: list[Mapping[str, Any]]) -> d
     return out
 
 
-def replay(events: Iterable[Mapping[str, Any]], allowed_lateness_ms: int) -> list[Scored | Late]:
+def replay(events: Iterable[Mapping[str, Any]], allowed_lateness_ms: int,
+           replay_allowance_ms: int = 600_000) -> list[Scored | Late]:
     """The outcome of every event (each needs ``partition``, ``id``, ``card_id``, ``ts``, ``amount``,
     ``merchant_id``), in arrival order."""
     highest: dict[int, int] = {}
@@ -66,7 +68,7 @@ def replay(events: Iterable[Mapping[str, Any]], allowed_lateness_ms: int) -> lis
     first: dict[str, dict[str, float]] = {}
     outcomes: list[Scored | Late] = []
     for event in events:
-        horizon = card_highest.get(event["card_id"], event["ts"]) - allowed_lateness_ms - max(WINDOWS_S) * 1000
+        horizon = card_highest.get(event["card_id"], event["ts"]) - allowed_lateness_ms - replay_allowance_ms
         if event["id"] in first and event["ts"] >= horizon:
             outcomes.append(Scored(first[event["id"]]))
             continue
@@ -133,7 +135,7 @@ def spec_features_of(spec: Any, event: Mapping[str, Any], applied: list[Mapping[
 def replay_spec(spec: Any, events: Iterable[Mapping[str, Any]]) -> list[Scored | Late]:
     """:func:`replay` for any spec: each event has ``partition`` and the spec's fields (key, id, time, values)."""
     key, event_id, time = spec.key, spec.event_id, spec.event_time
-    lateness, horizon_ms = spec.allowed_lateness_ms, spec.max_window_ms
+    lateness, horizon_ms = spec.allowed_lateness_ms, spec.replay_allowance_ms
     highest: dict[int, int] = {}
     key_highest: dict[str, int] = {}
     applied: dict[str, list[Mapping[str, Any]]] = {}

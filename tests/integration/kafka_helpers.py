@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from agents.formats.codec import FEATURE_RECORD_FORMAT, decode_feature_record
 from app.localhost import Subprocess, in_ci, worker_argv, worker_env
 from app.topics import ensure_topics
+from specs import EXAMPLE_SPEC
 from tables.features import DEFAULT_SPEC
 from tables.kafka import Connection, assign_all, client_options
 
@@ -220,6 +222,24 @@ def with_features(out: dict[str, list[dict[str, Any]]], topics: Topics) -> list[
         assert record["feature_set"] == DEFAULT_SPEC.version and record["card_id"] == p["card_id"], record
         joined.append(p | {"features": dict(zip(DEFAULT_SPEC.names, record["features"], strict=True))})
     return joined
+
+
+# The synthetic streams of the SIGKILL tests run event time 100-1,000 times faster than the wall clock (0.2-2 s
+# of it per record), so the few thousand records a kill can leave to replay span up to an hour of event time;
+# in a real stream they span a commit interval's seconds. Their workers score redeliveries as the first time
+# within an hour (the example spec: 10 minutes), and so do their references.
+REPLAY_ALLOWANCE_MS = 3_600_000
+
+
+def replay_allowance_spec(directory: Path) -> dict[str, str]:
+    """A worker's setting for the example spec with a replay allowance of ``REPLAY_ALLOWANCE_MS``, written
+    into ``directory``."""
+    text, replaced = re.subn(r'(?m)^replay_allowance = "[^"]*"', f'replay_allowance = "{REPLAY_ALLOWANCE_MS}ms"',
+                             EXAMPLE_SPEC.read_text(encoding="utf-8"))
+    assert replaced == 1, "the example spec declares its replay allowance once"
+    path = directory / "fraud-replay-allowance.toml"
+    path.write_text(text, encoding="utf-8")
+    return {"SEAM_FEATURE_SPEC": str(path)}
 
 
 def prepare_topics(bootstrap: str | Connection, topics: Topics, partitions: int = 4) -> None:

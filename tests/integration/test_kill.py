@@ -22,6 +22,7 @@ from app.localhost import free_port
 from app.synthetic import TransactionGenerator
 from tables.kafka import Connection, client_options
 from tests.integration.kafka_helpers import (
+    REPLAY_ALLOWANCE_MS,
     Topics,
     Worker,
     collect_outcomes,
@@ -29,6 +30,7 @@ from tests.integration.kafka_helpers import (
     encode,
     prepare_topics,
     produce_raw,
+    replay_allowance_spec,
     with_features,
 )
 from tests.integration.test_pipeline import stream_with_late_and_duplicates, with_partitions
@@ -176,16 +178,17 @@ def sigkills_lose_nothing(admin: str | Connection, producer: str | Connection, t
         events = with_partitions([next(generator)[0] for _ in range(total)], 4)
     else:
         # At least once replays what was processed after the last commit. A redelivered event keeps
-        # its first features only within the replay horizon (allowed lateness + the largest window,
-        # 61 min), counted from its card's newest event; older ones are routed late. With 50 cards
-        # the stream covers 30 s of event time per event, so a replay of ~200 records (one write
-        # interval while catching up) already spanned more, and ~100 events were routed late in some
+        # its first features only within the replay horizon (allowed lateness + the replay allowance,
+        # REPLAY_ALLOWANCE_MS here), counted from its card's newest event; older ones are routed late. With 50
+        # cards the stream covers 30 s of event time per event, so a replay of ~200 records (one write
+        # interval while catching up) already spanned an hour, and ~100 events were routed late in some
         # runs. With 2,000 cards (0.75 s per event) a busy machine's slow commits once left more than the
         # horizon's 4,880 records to replay: a prediction delivered before the kill kept no feature-log record
         # (its redelivery was routed late). 8,000 cards: 0.19 s per event, the horizon is 19,500 records,
         # about the whole stream of 20,000, so no replay the test can cause leaves it.
         events = with_partitions(stream_with_late_and_duplicates(total, seed=29, prefix="kl", cards=8_000), 4)
-    expected = replay(events, allowed_lateness_ms=60_000)
+        env = env | replay_allowance_spec(tmp_path)
+    expected = replay(events, allowed_lateness_ms=60_000, replay_allowance_ms=REPLAY_ALLOWANCE_MS)
     first_features: dict[str, dict[str, float]] = {}
     for event, outcome in zip(events, expected, strict=True):
         if isinstance(outcome, Scored):

@@ -16,7 +16,17 @@ import pytest
 
 from app.localhost import free_port
 from app.synthetic import TransactionGenerator
-from tests.integration.kafka_helpers import Topics, Worker, collect, encode, prepare_topics, produce_raw, with_features
+from tests.integration.kafka_helpers import (
+    REPLAY_ALLOWANCE_MS,
+    Topics,
+    Worker,
+    collect,
+    encode,
+    prepare_topics,
+    produce_raw,
+    replay_allowance_spec,
+    with_features,
+)
 from tests.integration.test_pipeline import with_partitions
 from tests.reference import Scored, replay
 
@@ -63,15 +73,18 @@ def test_join_and_sigkill_mid_stream_lose_nothing_and_keep_features_exact(
     prepare_topics(kafka_bootstrap, topics, partitions=PARTITIONS)
     generator = TransactionGenerator(cards=800, seed=41, id_prefix="so")
     events = [next(generator)[0] for _ in range(TOTAL)]
-    expected = replay(with_partitions(events, PARTITIONS), allowed_lateness_ms=60_000)
+    # 800 cards: 1.9 s of event time per record, so a replay after the kill can span more than the example
+    # spec's 11-minute replay horizon (kafka_helpers.REPLAY_ALLOWANCE_MS).
+    expected = replay(with_partitions(events, PARTITIONS), allowed_lateness_ms=60_000,
+                      replay_allowance_ms=REPLAY_ALLOWANCE_MS)
     first_features: dict[str, dict[str, float]] = {}
     last_applied: dict[str, str] = {}
     for event, outcome in zip(events, expected, strict=True):
         if isinstance(outcome, Scored):
             first_features.setdefault(event["id"], outcome.features)
             last_applied[event["card_id"]] = event["id"]
-    env = topics.env() | {"SEAM_TOPIC_PARTITIONS": str(PARTITIONS), "SEAM_STANDBY_REPLICAS": "1",
-                          "SEAM_SESSION_TIMEOUT_S": "6"}
+    env = topics.env() | replay_allowance_spec(tmp_path) | {
+        "SEAM_TOPIC_PARTITIONS": str(PARTITIONS), "SEAM_STANDBY_REPLICAS": "1", "SEAM_SESSION_TIMEOUT_S": "6"}
     joined = threading.Event()
     produced = [0]
 

@@ -318,7 +318,7 @@ def test_secs_since_prev_survives_eviction(card: Callable[..., tuple[KeyState, A
     """After the previous event is evicted, state["prev"] still provides the gap."""
     state, apply = card(lateness_ms=LATENESS_MS)
     apply("a", T, 1.0)
-    horizon = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms
+    horizon = DEFAULT_SPEC.horizon_ms
     b = apply("b", T + horizon + 1, 2.0)
     assert [row[4] for row in rows(state)] == ["b"]  # a was evicted
     assert state["prev"] == T
@@ -329,9 +329,10 @@ def test_secs_since_prev_survives_eviction(card: Callable[..., tuple[KeyState, A
 
 
 def test_eviction_boundary_is_inclusive(card: Callable[..., tuple[KeyState, Apply]]) -> None:
-    """An event exactly at max_ts - lateness - max_window is evicted; 1 ms newer is kept."""
+    """An event exactly at max_ts - the horizon (lateness, replay allowance, largest window) is evicted; 1 ms
+    newer is kept."""
     state, apply = card(lateness_ms=LATENESS_MS)
-    horizon = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms
+    horizon = DEFAULT_SPEC.horizon_ms
     apply("a", T, 1.0)
     apply("b", T + 1, 1.0)
     apply("c", T + horizon, 1.0)
@@ -342,7 +343,7 @@ def test_eviction_boundary_is_inclusive(card: Callable[..., tuple[KeyState, Appl
 def test_prev_keeps_the_max_evicted_ts(card: Callable[..., tuple[KeyState, Apply]]) -> None:
     """state["prev"] is the maximum evicted ts, not that of the last-arrived evicted event."""
     state, apply = card(lateness_ms=LATENESS_MS)
-    horizon = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms
+    horizon = DEFAULT_SPEC.horizon_ms
     apply("a", T + 50 * S, 1.0)
     apply("b", T, 1.0)  # on time: not below T+50s - 60s
     apply("c", T + 50 * S + horizon, 1.0)  # cutoff T+50s: evicts a and b together
@@ -571,10 +572,10 @@ def test_state_survives_a_json_round_trip() -> None:
 
 
 def test_eviction_keeps_state_bounded() -> None:
-    """10,000 events over ~83 hours keep only what lateness + the largest window can still need."""
+    """10,000 events over ~83 hours keep only what on-time events and redeliveries can still need."""
     rng = random.Random(42)
     state = new_state()
-    horizon = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms  # 7260 s (replay needs one more window)
+    horizon = DEFAULT_SPEC.horizon_ms  # 4260 s: lateness, the replay allowance and the largest window
     spacing = 30 * S
     applied: list[int] = []
     max_ts = 0
@@ -592,7 +593,7 @@ def test_eviction_keeps_state_bounded() -> None:
             needed = sorted(t for t in applied if t > max_ts - horizon)
             assert kept[len(kept) - len(needed):] == needed
             assert len(kept) - len(needed) <= len(kept) // 32
-    # 7260 s of events 30 s apart (plus the jitter band) is far below 10,000.
+    # 4260 s of events 30 s apart (plus the jitter band) is far below 10,000.
     bound = horizon // spacing + LATENESS_MS // spacing + 2
     assert longest <= bound + bound // 31 + 1
     assert state["n"] == 10_000

@@ -152,7 +152,7 @@ def test_a_late_event_rewrites_only_the_chunk_it_falls_into() -> None:
 
 def test_eviction_deletes_emptied_chunks_after_the_header_and_rewrites_the_cut_one() -> None:
     table, state, stored = Table(), new_state(), Stored()
-    horizon_ms = LATENESS_MS + 2 * DEFAULT_SPEC.max_window_ms
+    horizon_ms = DEFAULT_SPEC.horizon_ms
     table.apply(changes(KEY, state, stored, fill(state, 4 * CHUNK_EVENTS, step_ms=1_000, prefix="old")))
     first, second = stored.chunks[0][0], stored.chunks[1][0]
     ts = T + (CHUNK_EVENTS + 10) * 1_000 + horizon_ms + 1  # evicts chunk 0 and 11 events of chunk 1
@@ -261,7 +261,7 @@ def test_memory_bytes_is_what_a_cached_card_takes(events: int, indexed: bool, mo
         state = new_state()
         for i in range(events):
             values = (round(rng.uniform(1, 500), 2), sys.intern(f"m-{rng.randrange(5000)}"))  # held by the worker
-            apply_event(state, f"soak1a2b3c-{rng.randrange(10**9):09d}", T + i * 10_000, values,
+            apply_event(state, f"soak1a2b3c-{rng.randrange(10**9):09d}", T + i * 4_000, values,  # all held
                         allowed_lateness_ms=LATENESS_MS)
         table.update(changes(stored_key(f"card-{card:07d}-0123"), state, Stored(), set(state["ts"])))
     cache = StateCache(load_state=lambda key: None, store_state=lambda *args: 0, load_watermark=lambda: None,

@@ -469,9 +469,10 @@ def test_redelivery_behind_the_watermark_keeps_its_whole_window() -> None:
 
 @pytest.mark.parametrize("beyond_ms", [0, 1])
 def test_redelivery_at_the_replay_horizon(beyond_ms: int) -> None:
-    """A re-send exactly at the horizon (card max - lateness - 1 h) replays its first features; 1 ms older is late."""
+    """A re-send exactly at the replay horizon (card max - lateness - the replay allowance) replays its first
+    features; 1 ms older is late."""
     e_ts = T + 30 * 60 * S
-    f_ts = e_ts + LATENESS_MS + DEFAULT_SPEC.max_window_ms + beyond_ms
+    f_ts = e_ts + LATENESS_MS + DEFAULT_SPEC.replay_allowance_ms + beyond_ms
     events = [Event("a", "c", 0, T, 1.0, "m"),  # in e's window, and must survive until e's replay
               Event("e", "c", 0, e_ts, 2.0, "m"),
               Event("f", "c", 0, f_ts, 3.0, "m"),

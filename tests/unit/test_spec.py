@@ -11,7 +11,16 @@ import pytest
 from models import EXAMPLE_MODEL
 from specs import EXAMPLE_SPEC, SPECS
 from tables.features import DEFAULT_SPEC
-from tables.spec import OPERATIONS, SpecError, describe, format_duration, load_spec, parse_duration_ms, parse_spec
+from tables.spec import (
+    OPERATIONS,
+    SpecError,
+    describe,
+    format_duration,
+    layout_change,
+    load_spec,
+    parse_duration_ms,
+    parse_spec,
+)
 
 HEAD = """\
 name = "t"
@@ -48,6 +57,7 @@ def test_the_example_spec_is_the_default_and_has_the_fraud_features_in_model_ord
     assert (spec.key, spec.event_id, spec.event_time, spec.time_format) == ("card_id", "id", "ts", "epoch_ms")
     assert spec.stored == ("amount", "merchant_id") and spec.max_window_ms == 3_600_000
     assert spec.allowed_lateness_ms == 60_000
+    assert spec.replay_allowance_ms == 600_000 and spec.horizon_ms == 60_000 + 600_000 + 3_600_000
     assert spec.version == "15-91af4c74911f"  # the feature log's records carry it: it must not drift
 
 
@@ -133,6 +143,8 @@ MISTAKES = [
     (HEAD.replace('key = "device_id"\n', "") + '[[features]]\nname="a"\nop="count"\nwindow="1m"\n',
      ["'key' must name the input field"]),
     (HEAD.replace('allowed_lateness = "30s"', 'allowed_lateness = 30'), ["'allowed_lateness'", "line 5"]),
+    (HEAD.replace('allowed_lateness = "30s"', 'allowed_lateness = "30s"\nreplay_allowance = "ten minutes"')
+     + '[[features]]\nname="a"\nop="count"\nwindow="1m"\n', ["'replay_allowance'", "line 6", "not a duration"]),
     (HEAD.replace('name = "t"', 'name = "t"\nwindows = 3') + '[[features]]\nname="a"\nop="count"\nwindow="1m"\n',
      ["unknown setting 'windows'", "line 2"]),
     (HEAD, ["declares its features"]),
@@ -148,9 +160,27 @@ def test_a_mistake_is_named_with_its_line(text: str, says: list[str]) -> None:
         assert part in message, f"{part!r} not in {message!r}"
 
 
+def test_the_replay_allowance_sets_the_replay_horizon_and_what_state_keeps() -> None:
+    """Redeliveries are scored as the first time within lateness + the allowance; the state keeps that and the
+    longest window. Undeclared, the allowance is the longest window. A state recorded with a shorter reach
+    cannot serve a longer allowance (its redeliveries' windows were evicted); a shorter one it can."""
+    features = 'name = "a"\nop = "count"\nwindow = "10m"', 'name = "b"\nop = "last"\nfield = "temperature"'
+    undeclared = parse_spec(spec_with(*features))
+    assert undeclared.replay_allowance_ms == 600_000
+    assert (undeclared.replay_horizon_ms, undeclared.horizon_ms) == (30_000 + 600_000, 30_000 + 1_200_000)
+    declared = parse_spec(spec_with(*features, head=HEAD.replace('allowed_lateness = "30s"',
+                                                                 'allowed_lateness = "30s"\nreplay_allowance = "90s"')))
+    assert declared.replay_allowance_ms == 90_000
+    assert (declared.replay_horizon_ms, declared.horizon_ms) == (30_000 + 90_000, 30_000 + 90_000 + 600_000)
+    assert layout_change(undeclared.layout, declared) is None
+    refused = layout_change(declared.layout, undeclared)
+    assert refused is not None and "reaches back 1230s" in refused and "the state holds 12m" in refused, refused
+
+
 def test_describe_lists_the_features_in_model_order() -> None:
     text = describe(DEFAULT_SPEC)
-    assert "15 features per card_id" in text and "keeps 121m of its events" in text
+    assert "15 features per card_id" in text and "keeps 71m of its events" in text
+    assert "redeliveries scored as the first time up to 11m below their key's newest event" in text
     lines = text.splitlines()[1:]
     assert [line.split()[1] for line in lines] == list(DEFAULT_SPEC.names)
     assert "ratio_to_mean of amount over 1h" in lines[-1]
