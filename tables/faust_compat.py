@@ -23,7 +23,8 @@ And here:
 * the Faust consumer's ``_handle_attached`` and ``_commit_offsets``, and the app's commit sensors
   (:func:`commit_offsets`: Faust's offset commit once the offsets are chosen);
 * the worker's ``spinner`` (:func:`without_spinner`);
-* ``Recovery.active_offsets`` written (:func:`mark_restored`).
+* ``Recovery.active_offsets`` written (:func:`mark_restored`);
+* the monitor's ``stream_inbound_time`` written (:func:`mark_stream_progress`).
 
 * ``faust.streams._current_event``, the ContextVar behind ``faust.current_event()``: table reads and
   writes go to the partition of the event it names;
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, MutableMapping
+from time import monotonic
 from typing import Any
 
 import rocksdict
@@ -65,7 +67,8 @@ __all__ = [
     "AIOKafkaConsumerThread", "FaustConsumer", "FaustTransport", "ack_lock", "commit_offsets", "current_event",
     "drain_producer_buffer", "encode_key", "encode_value", "fetch_records", "fetcher_stopped", "group_distribution",
     "is_changelog",
-    "mark_restored", "persist_changelog_offset", "restore_state", "restoring", "raw_get", "raw_get_many", "rewind",
+    "mark_restored", "mark_stream_progress",
+    "persist_changelog_offset", "restore_state", "restoring", "raw_get", "raw_get_many", "rewind",
     "rocksdb_partition", "share_rocksdb_memory", "store_writes", "tune_fetch", "uses_rocksdict", "without_spinner",
 ]
 
@@ -264,6 +267,19 @@ def restore_state(app: Any) -> tuple[bool, Mapping[Any, int | None], MutableMapp
 def mark_restored(app: Any, tp: Any, offset: int) -> None:
     """End ``tp``'s restore at ``offset``: Faust takes it as received up to there."""
     app.tables.recovery.active_offsets[tp] = offset
+
+
+def mark_stream_progress(app: Any, tp: TP) -> None:
+    """Tell Faust's monitor that ``tp``'s records are being handled now, as its streams do for each event.
+
+    Faust's consumer thread checks every partition that lags: one whose stream has not taken an event for
+    ``stream_processing_timeout`` (five minutes; ever, since the start) gets an ERROR, "Stream has not started
+    processing", with a page of possible causes. Batch-handled records never pass through a Faust stream, so
+    without this every worker that ran behind for a moment five minutes after it started logged that error.
+    """
+    monitor = app.monitor
+    if monitor is not None:
+        monitor.stream_inbound_time[tp] = monotonic()
 
 
 def restoring(app: Any) -> bool:

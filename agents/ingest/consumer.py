@@ -60,6 +60,7 @@ from tables.faust_compat import (
     current_event,
     fetch_records,
     is_changelog,
+    mark_stream_progress,
     rewind,
     tune_fetch,
 )
@@ -446,6 +447,7 @@ class BatchConsumer(FaustConsumer):
         if not fresh:
             return
         self.acks.begin(tp, fresh[0].offset, committed)  # with nothing committed, the partition starts here
+        mark_stream_progress(self.app, tp)  # for Faust's check of lagging partitions (not a stream's events)
         self._read_offset[tp] = fresh[-1].offset + 1
         self.epochs.handed(tp, fresh[-1].offset + 1)
         batch = RecordBatch(tp.topic, tp.partition, fresh, lambda offsets: self.ack_offsets(tp, offsets, epoch),

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Iterator
 from contextvars import ContextVar
 from importlib.metadata import version
+from time import monotonic
 from types import SimpleNamespace
 from typing import Any
 
@@ -270,6 +271,25 @@ async def test_revocation_closes_intake_before_it_delivers_and_commits(
     await late
     assert handled == list(range(10)), "a batch fetched before the revocation was handled after it"
     assert consumer.committed == [10]  # type: ignore[attr-defined]
+
+
+async def test_a_handed_over_batch_counts_as_its_partition_streaming_for_faust(
+        positioned: ingest.BatchConsumer) -> None:
+    """Faust's consumer thread logs "Stream has not started processing" (an ERROR and a page of causes) for
+    every lagging partition whose stream took no event for five minutes; batch-handled records pass no Faust
+    stream, so the consumer marks the partition's progress where Faust's check reads it."""
+    consumer, tp = positioned, TP("t", 0)
+    monitor = consumer.app.monitor
+    assert "monitor.stream_inbound_time.get(tp)" in inspect.getsource(
+        faust_aiokafka.AIOKafkaConsumerThread.verify_event_path)
+    assert tp not in monitor.stream_inbound_time
+
+    async def handler(batch: RecordBatch) -> None:
+        batch.ack([r.offset for r in batch.records])
+
+    before = monotonic()
+    await consumer._deliver_batch(tp, _records(tp, 0, 3), handler)
+    assert before <= monitor.stream_inbound_time[tp] <= monotonic()
 
 
 async def test_a_revocation_waits_for_the_batch_being_handled(
