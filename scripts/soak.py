@@ -88,10 +88,11 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
         return float("nan"), float("nan")
 
 
-# The worker's metrics each window reports (cumulative): the state cache, RocksDB's memory, and the collector's
-# pauses by generation.
+# The worker's metrics each window reports (cumulative): the state cache, RocksDB's memory, the collector's
+# pauses by generation, the model batches, and the state writes (their seconds: how busy the write behind is).
 REPORTED = ("seam_state_cache", "seam_state_db_memory", "seam_gc_pause_seconds_sum", "seam_gc_pause_seconds_count",
-            "seam_batch_size_count", "seam_batch_size_sum")
+            "seam_batch_size_count", "seam_batch_size_sum", "seam_state_flush_seconds_sum",
+            "seam_state_flush_seconds_count")
 
 
 def scrape(url: str) -> dict[str, float]:
