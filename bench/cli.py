@@ -95,7 +95,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if any(not name.startswith("SEAM_") for name in seam_env):
         raise SystemExit(f"bench: --seam-env takes SEAM_NAME=VALUE, got {args.seam_env}")
     if args.quick:
-        return Plan(models, paths, modes, quick=True, sat_records=5_000, sat_cap_s=30.0, ceiling_records=20_000,
+        return Plan(models, paths, modes, quick=True, sat_records=5_000, sat_cap_s=30.0, sat_passes=2,
+                    ceiling_records=20_000,
                     loads=(0.5,), load_seconds=1.5, warmup_s=0.5, drain_cap_s=2.0, ort_seconds=0.02, cards=500,
                     capacity_probes=1,
                     seam_env=seam_env)
@@ -171,8 +172,8 @@ async def run(args: argparse.Namespace, command: str, bootstrap: str) -> dict[st
     if skipped:
         results["skipped"] = skipped
     results["plan"] = {name: getattr(plan, name) for name in (
-        "quick", "sat_records", "sat_cap_s", "ceiling_records", "load_seconds", "warmup_s", "drain_cap_s", "cards",
-        "capacity_probes")}
+        "quick", "sat_records", "sat_cap_s", "sat_passes", "ceiling_records", "load_seconds", "warmup_s",
+        "drain_cap_s", "cards", "capacity_probes")}
     results["plan"]["loads"] = list(plan.loads)
     results["plan"]["seam_env"] = plan.seam_env
     results["command"] = command

@@ -54,10 +54,6 @@ STEP_S = 0.002  # the most state-writing work in one event-loop turn
 # ... and its share of the event loop while records arrive: after a step of state writing the write waits
 # (1 - share) / share times as long, so scoring keeps the rest of the loop whatever a write has to do.
 STATE_WRITE_SHARE = 0.25
-# After each step the write lets whatever is ready run first; if that took no longer than this, nothing
-# was waiting for the loop, and the write goes on without its pause (a paused write on an idle loop took
-# four times its work in wall time and left ever more keys to the writes after it).
-IDLE_YIELD_S = 0.0005
 
 
 def _crash_later(work: Work, exc: BaseException, pending: set[asyncio.Task[None]]) -> None:
@@ -155,9 +151,8 @@ class AtLeastOnce:
     async def write_state(self, cache: StateCache, work: Work, *, paced: bool = False) -> int:
         """The cache's changes as changelog records, all acknowledged, then into the local stores; then trim.
 
-        ``paced``: records are being scored meanwhile, so while they have work the write takes at most
-        ``STATE_WRITE_SHARE`` of the event loop, and all of it while they have none (``IDLE_YIELD_S``);
-        otherwise, as a revocation or a stop wants it, it runs as fast as it can.
+        ``paced``: records are being scored meanwhile, so the write takes at most ``STATE_WRITE_SHARE`` of the
+        event loop (otherwise, as a revocation or a stop wants it, it runs as fast as it can).
         """
         pause_ratio = (1 - STATE_WRITE_SHARE) / STATE_WRITE_SHARE if paced and not work.should_stop else 0.0
         async with self._writing:
@@ -168,13 +163,10 @@ class AtLeastOnce:
                 writes = written
                 step_s = time.perf_counter() - step_started
                 if step_s > STEP_S:
+                    # Let records be scored, and for longer than this step took: a write that took turns with
+                    # scoring would halve what the loop scores while it runs, and records would queue up.
                     paused_from = time.perf_counter()
-                    await asyncio.sleep(0)  # what is ready runs first: records fetched, batches scored
-                    if pause_ratio and time.perf_counter() - paused_from > IDLE_YIELD_S:
-                        # Records are being scored: let them be, for longer than this step took. A write that
-                        # took turns with scoring would halve what the loop scores while it runs, and
-                        # records would queue up.
-                        await asyncio.sleep(step_s * pause_ratio)
+                    await asyncio.sleep(step_s * pause_ratio)
                     step_started = time.perf_counter()
                     paused_s += step_started - paused_from
             try:

@@ -14,7 +14,7 @@ from app.settings import Settings
 from app.synthetic import TransactionGenerator
 from bench import report
 from bench.capacity import kept_up, next_probe, p99_by_second
-from bench.harness import SECURED, latency_percentiles, steady_rate, worker_stages
+from bench.harness import SECURED, combined_saturation, latency_percentiles, steady_rate, worker_stages
 from bench.job import (
     THRESHOLD,
     compare,
@@ -114,6 +114,20 @@ def test_steady_rate_leaves_out_the_ramp_at_either_end() -> None:
     assert span_s == pytest.approx(8.0, rel=0.01)
     assert steady_rate([5]) == (0.0, 0.0)
     assert steady_rate([0, 1_000])[0] == pytest.approx(1.0)
+
+
+def test_saturation_of_several_passes_is_their_median_and_the_last_passs_run() -> None:
+    def drained(rate: int, span_s: float, *, done: bool = True) -> dict[str, Any]:
+        return {"events_per_s": rate, "span_s": span_s, "outputs": 100, "drained": done}
+
+    only = drained(15_000, 5.0)
+    assert combined_saturation([only]) == only  # one pass: as measured, no list of one
+    combined = combined_saturation([drained(21_540, 3.7), drained(13_741, 5.8), drained(16_316, 4.9)])
+    # The middle rate, not the mean (17,199) nor the last; the rest is the last pass's, whose worker takes the load.
+    assert combined == {"events_per_s": 16_316, "span_s": 4.9, "outputs": 100, "drained": True,
+                        "passes": [21_540, 13_741, 16_316]}
+    assert combined_saturation([drained(10_000, 5.0), drained(12_001, 4.0)])["events_per_s"] == 11_000
+    assert not combined_saturation([drained(9_000, 6.0, done=False), drained(12_000, 4.0)])["drained"]
 
 
 def test_replace_section_keeps_the_other_sections(tmp_path: Path) -> None:
@@ -250,6 +264,12 @@ def test_the_markdown_says_what_tls_costs() -> None:
     assert "saturation **80%** of plaintext's (8,000 vs 10,000 events/s); p99 +12.3 ms at 50%" in text
     assert "| default | 50% | 5,000 | 30.0 | 42.3 | +12.3 |" in text
     assert "| seam adaptive, SASL_SSL | 8,000 | 0.80 |" in text
+    assert "Saturation passes" not in text and "median of the passes" not in text  # one pass each: nothing to say
+    plain["saturation"]["passes"] = [9_000, 10_000, 12_500]
+    results["plan"]["sat_passes"] = 3
+    text = markdown(results)
+    assert "Saturation passes, events/s (the table shows their median): seam adaptive 9,000 / 10,000 / 12,500." in text
+    assert "drain it 3 times, each time a fresh worker on fresh topics" in text
     results["modes"]["default"].pop(SECURED)
     results["skipped"] = {SECURED: "no keytool"}
     assert "### What TLS costs\n\nNot measured in this run: no keytool." in markdown(results)

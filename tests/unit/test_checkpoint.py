@@ -256,27 +256,21 @@ async def test_state_reaches_the_local_store_only_after_the_changelog_has_it(mon
 
 class _Steps:
     """Stands in for ``asyncio`` and ``time`` in agents.commit.guarantee: a clock on which each reading is 3 ms
-    after the one before (every step of a write takes 3 ms), and the pauses its sleeps ask for. ``busy``: what
-    runs while the write yields (``sleep(0)``) takes 3 ms too (records being scored); else none (an idle loop)."""
+    after the one before (every step of a write takes 3 ms), and the pauses its sleeps ask for."""
 
-    def __init__(self, *, busy: bool = True) -> None:
+    def __init__(self) -> None:
         self.now = 0.0
         self.pauses: list[float] = []
-        self.busy = busy
-        self._yielded = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(asyncio, name)
 
     def perf_counter(self) -> float:
-        if not self._yielded or self.busy:
-            self.now += 0.003
-        self._yielded = False
+        self.now += 0.003
         return self.now
 
     async def sleep(self, seconds: float) -> None:
         self.pauses.append(seconds)
-        self._yielded = seconds == 0
         await asyncio.sleep(0)
 
 
@@ -302,19 +296,3 @@ async def test_a_state_write_beside_scoring_leaves_it_most_of_the_event_loop(
         assert at.guarantee.paused_s > 0  # the commit's time less this is what it took (and is warned about)
     else:
         assert between_steps == []
-
-
-async def test_a_state_write_on_an_idle_loop_does_not_pause(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Beside scoring that has nothing to do (each yield after a step comes straight back), a paced write goes on
-    without its pauses: paused on an idle loop, a write took four times its work in wall time, and in a soak with
-    100,000 cards, whose keys never coalesce, each slow write left more keys to the next."""
-    steps = _Steps(busy=False)
-    monkeypatch.setattr(guarantee_module, "asyncio", steps)
-    monkeypatch.setattr(guarantee_module, "time", steps)
-    at = at_least_once()
-    for i in range(150):  # three steps of 64 keys
-        change(at.cache, f"c{i}")
-    assert await at.checkpoint.commit("faust")
-    assert len(at.table.data.rows) == 150
-    assert steps.pauses.count(0) >= 2  # it yielded after its steps
-    assert [pause for pause in steps.pauses if pause] == []
