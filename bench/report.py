@@ -254,7 +254,8 @@ record). Every mode computes the features with `tables/features.py` and writes s
   it did not (or its saturation rate), {capacity_probes} more phases bisect the highest rate at which its
   lag stays bounded: every input answered within the drain cap, and the p99 of the phase's last whole second
   of load at most 50 ms above the highest of its first two.
-- **Latency:** open-loop load (`app/loadgen.py`: a fixed schedule whether or not the mode keeps up) at
+- **Latency:** open-loop load (`app/loadgen.py`: a fixed schedule whether or not the mode keeps up; each
+  phase's records are drawn and encoded before its schedule starts, so the generator only sends them) at
   {loads_pct} of seam adaptive's saturation rate for that model, {warmup_s:g} s of warm-up then {load_seconds:g} s
   measured. Latency = the prediction's broker append time minus the input's broker append time (both
   topics use `LogAppendTime`), so the load generator's own delays do not count. Inputs still unanswered

@@ -13,7 +13,9 @@ import orjson
 import pytest
 
 from agents.formats.codec import Contract, Event, JsonInput
+from app.loadgen import produce
 from app.localhost import worker_env
+from app.synthetic import TransactionGenerator
 from specs import SPECS
 from tables.spec import load_spec
 from tests.integration.kafka_helpers import collect
@@ -46,3 +48,28 @@ def test_seam_produce_writes_the_spec_s_stream_keyed_by_its_key(kafka_bootstrap:
         event = decode(record["value"])
         assert isinstance(event, Event), (record, event)
         assert record["key"] == orjson.loads(record["value"])[spec.key].encode() == event.key.encode()
+
+
+def test_a_prepared_run_sends_the_same_records_on_the_same_schedule(kafka_bootstrap: str) -> None:
+    """``produce(prepare=True)`` draws and encodes every record first: the same records, keys and partitions."""
+    def raw(_topic: str, key: bytes | None, value: bytes) -> dict[str, Any]:
+        return {"key": key, "value": value}
+
+    async def run(prepare: bool) -> tuple[list[tuple[bytes | None, bytes]], list[int]]:
+        topic = f"produce-prepared-{uuid.uuid4().hex[:8]}"
+        stamps: list[int] = []
+        report = await produce(kafka_bootstrap, topic, rate=2000, duration_s=0.5, partitions=3, prepare=prepare,
+                               generator=TransactionGenerator(cards=50, seed=5, late_rate=0.0),
+                               on_sent=lambda _tx, ts_ms: stamps.append(ts_ms))
+        assert report.sent == 1000
+        out = (await collect(kafka_bootstrap, [topic], done=lambda o: len(o[topic]) >= 1000, timeout_s=60,
+                             settle_s=0.5, decode=raw))[topic]
+        return sorted(((r["key"], r["value"]) for r in out), key=lambda kv: orjson.loads(kv[1])["id"]), stamps
+
+    live, live_stamps = asyncio.run(run(prepare=False))
+    prepared, prepared_stamps = asyncio.run(run(prepare=True))
+    assert len(prepared) == 1000 and prepared == live
+    for stamps in (live_stamps, prepared_stamps):
+        assert len(stamps) == 1000 and stamps == sorted(stamps)
+        # The schedule: 1,000 records at 2,000/s take about half a second from the first to the last.
+        assert 300 <= stamps[-1] - stamps[0] < 5000
