@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["Subprocess", "free_port", "in_ci", "interrupt_on_sigterm", "worker_argv", "worker_env"]
+__all__ = ["Subprocess", "cpu_seconds", "free_port", "in_ci", "interrupt_on_sigterm", "worker_argv", "worker_env"]
 
 
 def in_ci() -> bool:
@@ -28,6 +28,21 @@ def interrupt_on_sigterm() -> None:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """CPU time a process has used so far (user + system, every thread), or one of its threads (``thread``: its id;
+    the process's own id is its main thread). NaN where the kernel does not say (no ``/proc``, or it has exited).
+
+    Read from the kernel, not timed on a clock: it does not grow while the machine runs other work, so what a
+    stretch of work costs can be compared between runs on a busy machine.
+    """
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    try:
+        fields = stat.read_text().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14 and 15)
 
 
 def free_port() -> int:

@@ -49,7 +49,7 @@ import orjson
 from rich.progress import Progress, TaskID
 
 from app.loadgen import produce
-from app.localhost import Subprocess, free_port, worker_argv, worker_env
+from app.localhost import Subprocess, cpu_seconds, free_port, worker_argv, worker_env
 from app.synthetic import TransactionGenerator
 from app.topics import ensure_topics
 from bench.capacity import next_probe, p99_by_second
@@ -258,14 +258,37 @@ def steady_rate(stamps: list[int], trim: float = 0.1) -> tuple[float, float]:
     return (last - first) / span_s, span_s
 
 
+def _round(value: float, digits: int = 1) -> float | None:
+    """``value`` rounded, or None where it is not a number (no CPU time where the kernel does not say)."""
+    return round(value, digits) if math.isfinite(value) else None
+
+
+def drain_cpu_per_event(samples: list[tuple[int, float]], trim: float = 0.1) -> float | None:
+    """The worker's CPU µs per output while it drained a backlog: between the polls at which ``trim`` and ``1 -
+    trim`` of the outputs had come (as :func:`steady_rate` leaves out the start and the tail), from ``samples``
+    of (outputs so far, the worker's CPU seconds then)."""
+    if not samples or samples[-1][0] <= 0:
+        return None
+    total = samples[-1][0]
+    after_start = [s for s in samples if s[0] >= trim * total]
+    before_end = [s for s in samples if s[0] <= (1 - trim) * total]
+    if not after_start or not before_end or before_end[-1][0] <= after_start[0][0]:
+        return None
+    (first, cpu_first), (last, cpu_last) = after_start[0], before_end[-1]
+    return _round((cpu_last - cpu_first) / (last - first) * 1e6)
+
+
 def combined_saturation(passes: list[dict[str, Any]]) -> dict[str, Any]:
     """The last pass's saturation (its worker goes on to the load phases) with the median rate of all ``passes``,
-    each pass's rate in order, and whether every pass drained its backlog."""
+    each pass's rate in order, whether every pass drained its backlog, and the median of the worker's CPU per
+    event while draining."""
     last = passes[-1]
     if len(passes) == 1:
         return last
+    cpu = [p["worker_cpu_us_per_event"] for p in passes if p.get("worker_cpu_us_per_event") is not None]
     return {**last, "events_per_s": round(statistics.median(p["events_per_s"] for p in passes)),
-            "passes": [p["events_per_s"] for p in passes], "drained": all(p["drained"] for p in passes)}
+            "passes": [p["events_per_s"] for p in passes], "drained": all(p["drained"] for p in passes),
+            "worker_cpu_us_per_event": round(statistics.median(cpu), 1) if cpu else None}
 
 
 def _id_of(value: bytes) -> str:
@@ -418,10 +441,12 @@ class Bench:
         deadline = time.monotonic() + self.plan.start_timeout_s
         first_seen = None
         total = 0
+        samples: list[tuple[int, float]] = []  # (outputs so far, the worker's CPU seconds then)
         while total < count:
             assert run.worker is not None
             run.worker.check()
             total = await watch.total()
+            samples.append((total, cpu_seconds(run.worker.pid)))
             self.progress.update(task, completed=total)
             now = time.monotonic()
             if total and first_seen is None:
@@ -436,7 +461,8 @@ class Bench:
         rate, span_s = steady_rate(sorted(ts for ts, _ in outputs))
         result: dict[str, Any] = {"saturation": {
             "events_per_s": round(rate), "inputs": count, "outputs": len(outputs),
-            "span_s": round(span_s, 3), "drained": len(outputs) >= count}}
+            "span_s": round(span_s, 3), "drained": len(outputs) >= count,
+            "worker_cpu_us_per_event": drain_cpu_per_event(samples)}}
         if check and run.mode != CEILING:
             feature_log = None
             if run.mode.startswith("seam") and self.plan.seam_env.get("SEAM_FEATURE_LOG_TOPIC", "on"):
@@ -488,17 +514,22 @@ class Bench:
 
         # Every record is drawn and encoded before the schedule starts: the generator shares the two cores
         # with the worker it measures, and sending is then all it does meanwhile.
+        assert run.worker is not None
+        worker_cpu = cpu_seconds(run.worker.pid)
         report = await produce(run.bootstrap, run.topic("tx"), rate=rate,
                                duration_s=self.plan.warmup_s + self.plan.load_seconds, generator=generator,
                                partitions=PARTITIONS, on_sent=on_sent, prepare=True,
                                on_progress=lambda done, _total: self.progress.update(task, completed=done))
         assert measure_from_ms is not None
         self.progress.remove_task(task)
+        # The generator's cores while its schedule ran (this process), and the worker's CPU per event over the
+        # phase (what it answered within the drain cap counts its work too).
+        generator_cores = report.cpu_s / report.elapsed_s if report.elapsed_s else 0.0
         deadline = time.monotonic() + self.plan.drain_cap_s
         while time.monotonic() < deadline and await watch.total() - sum(start.values()) < report.sent:
-            assert run.worker is not None
             run.worker.check()
             await asyncio.sleep(0.1)
+        worker_cpu = cpu_seconds(run.worker.pid) - worker_cpu
         cutoff_ms = int(time.time() * 1000)
         metrics_after = await _metrics_page(run)
         outputs = await read_range(run.bootstrap, run.topic("pred"), start, await watch.offsets())
@@ -518,6 +549,8 @@ class Bench:
                   "send_lag_ms": {"p50": float(np.percentile(lag, 50)), "p99": float(np.percentile(lag, 99))}
                   if len(lag) else {},
                   "p99_ms_by_second": p99_by_second(sent, answered, measure_from_ms),
+                  "worker_cpu_us_per_event": _round(worker_cpu / report.sent * 1e6) if report.sent else None,
+                  "generator_cores": round(generator_cores, 3),
                   **latency_percentiles(list(answered.values()), censored)}
         if metrics_before is not None and metrics_after is not None:
             result["worker"] = worker_stages(since(metrics_after, metrics_before))

@@ -278,6 +278,18 @@ def _passes_sentence(passes: int) -> str:
             " faster or slower. The other modes drain it once.")
 
 
+def _cpu_per_event(mode: str, entry: dict[str, Any]) -> str | None:
+    """One mode's CPU µs per event, draining and at each load point, or None where it was not measured."""
+    drained = entry["saturation"].get("worker_cpu_us_per_event")
+    points = [p for p in entry.get("latency") or () if p.get("worker_cpu_us_per_event") is not None]
+    if drained is None or not points:
+        return None
+    live = ", ".join(f"{p['load']:.0%} {(us := p['worker_cpu_us_per_event']):.1f} ({us / drained:.2f}×)"
+                     for p in points)
+    cores = " / ".join(f"{p['generator_cores']:.2f}" for p in points)
+    return f"{LABELS.get(mode, mode)} {drained:.1f} µs draining, {live}; generator {cores}"
+
+
 def _correctness(results: dict[str, Any]) -> str:
     checks = [(model, mode, e["correctness"]) for model, modes in results["modes"].items()
               for mode, e in modes.items() if "correctness" in e]
@@ -382,6 +394,11 @@ def markdown(results: dict[str, Any], image_dir: Path | None = None, doc_dir: Pa
                   for mode, entry in rows if "passes" in entry["saturation"]]
         if passes:
             lines += ["Saturation passes, events/s (the table shows their median): " + "; ".join(passes) + ".", ""]
+        cpu = [line for line in (_cpu_per_event(mode, entry) for mode, entry in rows) if line]
+        if cpu:
+            lines += ["CPU per event of each mode's process (read from the kernel, so a busy machine does not add to "
+                      "it), draining its backlog and at each load; in brackets, live against draining; then the cores "
+                      "the load generator took meanwhile: " + "; ".join(cpu) + ".", ""]
         live = modes.get("seam-adaptive", {}).get("live_capacity")
         if live:
             share = f" ({live['of_saturation']:.0%} of its backlog saturation)" if live.get("of_saturation") else ""

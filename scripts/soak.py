@@ -45,6 +45,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer
 
+from app import localhost
 from app.localhost import Subprocess, free_port, interrupt_on_sigterm, worker_argv, worker_env
 from tables.kafka import client_options
 
@@ -71,21 +72,8 @@ def rss_mb(pid: int) -> float:
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
-    """CPU time the process has used so far (user + system, every thread) and its main thread's (the event loop).
-
-    Read from the kernel, not timed on a clock: it does not grow when the machine is busy with other work,
-    so what a window costs per event can be compared between runs on a noisy machine.
-    """
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def used(stat: Path) -> float:
-        fields = stat.read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15 of stat)
-
-    try:
-        return used(Path(f"/proc/{pid}/stat")), used(Path(f"/proc/{pid}/task/{pid}/stat"))
-    except OSError:
-        return float("nan"), float("nan")
+    """CPU time the process has used so far (every thread) and its main thread's (the event loop)."""
+    return localhost.cpu_seconds(pid), localhost.cpu_seconds(pid, pid)
 
 
 # The worker's metrics each window reports (cumulative): the state cache, RocksDB's memory, the collector's

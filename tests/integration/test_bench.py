@@ -64,6 +64,9 @@ def test_quick_bench_runs_every_mode_with_identical_predictions(
     stages = modes["seam-adaptive"]["latency"][0]["worker"]
     assert {"end_to_end", "ingest", "queue", "inference", "delivery"} <= set(stages), stages
     assert stages["end_to_end"]["p99_ms"] >= stages["queue"]["p50_ms"] > 0, stages
+    # What the worker's process spent per event over the phase, and the generator's cores meanwhile (from the kernel)
+    phase = modes["seam-adaptive"]["latency"][0]
+    assert phase["worker_cpu_us_per_event"] > 0 and phase["generator_cores"] > 0, phase
     ceiling = results["ceiling_a"]
     assert ceiling["saturation"]["outputs"] == results["plan"]["ceiling_records"]
     # The offered rate is half of seam adaptive's saturation (measured on 5,000 records, twenty model batches: a

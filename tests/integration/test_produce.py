@@ -61,7 +61,7 @@ def test_a_prepared_run_sends_the_same_records_on_the_same_schedule(kafka_bootst
         report = await produce(kafka_bootstrap, topic, rate=2000, duration_s=0.5, partitions=3, prepare=prepare,
                                generator=TransactionGenerator(cards=50, seed=5, late_rate=0.0),
                                on_sent=lambda _tx, ts_ms: stamps.append(ts_ms))
-        assert report.sent == 1000
+        assert report.sent == 1000 and report.cpu_s > 0
         out = (await collect(kafka_bootstrap, [topic], done=lambda o: len(o[topic]) >= 1000, timeout_s=60,
                              settle_s=0.5, decode=raw))[topic]
         return sorted(((r["key"], r["value"]) for r in out), key=lambda kv: orjson.loads(kv[1])["id"]), stamps

@@ -14,7 +14,14 @@ from app.settings import Settings
 from app.synthetic import TransactionGenerator
 from bench import report
 from bench.capacity import kept_up, next_probe, p99_by_second
-from bench.harness import SECURED, combined_saturation, latency_percentiles, steady_rate, worker_stages
+from bench.harness import (
+    SECURED,
+    combined_saturation,
+    drain_cpu_per_event,
+    latency_percentiles,
+    steady_rate,
+    worker_stages,
+)
 from bench.job import (
     THRESHOLD,
     compare,
@@ -117,17 +124,33 @@ def test_steady_rate_leaves_out_the_ramp_at_either_end() -> None:
 
 
 def test_saturation_of_several_passes_is_their_median_and_the_last_passs_run() -> None:
-    def drained(rate: int, span_s: float, *, done: bool = True) -> dict[str, Any]:
-        return {"events_per_s": rate, "span_s": span_s, "outputs": 100, "drained": done}
+    def drained(rate: int, span_s: float, *, done: bool = True, cpu: float | None = 50.0) -> dict[str, Any]:
+        return {"events_per_s": rate, "span_s": span_s, "outputs": 100, "drained": done,
+                "worker_cpu_us_per_event": cpu}
 
     only = drained(15_000, 5.0)
     assert combined_saturation([only]) == only  # one pass: as measured, no list of one
-    combined = combined_saturation([drained(21_540, 3.7), drained(13_741, 5.8), drained(16_316, 4.9)])
+    combined = combined_saturation([drained(21_540, 3.7, cpu=41.0), drained(13_741, 5.8, cpu=62.5),
+                                    drained(16_316, 4.9, cpu=None)])
     # The middle rate, not the mean (17,199) nor the last; the rest is the last pass's, whose worker takes the load.
+    # The CPU per event is the median of the passes that measured it.
     assert combined == {"events_per_s": 16_316, "span_s": 4.9, "outputs": 100, "drained": True,
-                        "passes": [21_540, 13_741, 16_316]}
+                        "passes": [21_540, 13_741, 16_316], "worker_cpu_us_per_event": 51.8}
     assert combined_saturation([drained(10_000, 5.0), drained(12_001, 4.0)])["events_per_s"] == 11_000
     assert not combined_saturation([drained(9_000, 6.0, done=False), drained(12_000, 4.0)])["drained"]
+
+
+def test_the_cpu_of_a_drain_counts_between_a_tenth_and_nine_tenths_of_its_outputs() -> None:
+    # (outputs so far, CPU seconds): start-up costs 2 s before the first output, the steady part 50 µs an output,
+    # the tail (the last outputs, then idle) more per output; only the middle counts.
+    samples = [(0, 1.0), (0, 3.0), (5_000, 3.5), (20_000, 4.25), (60_000, 6.25), (90_000, 7.75), (99_000, 8.5),
+               (100_000, 9.0)]
+    assert drain_cpu_per_event(samples) == 50.0
+    assert drain_cpu_per_event([]) is None
+    assert drain_cpu_per_event([(0, 1.0), (0, 2.0)]) is None  # nothing came out
+    assert drain_cpu_per_event([(0, 1.0), (100, 2.0)]) is None  # no two polls within the middle
+    assert drain_cpu_per_event([(0, float("nan")), (20, float("nan")), (80, float("nan")), (100, float("nan"))]) \
+        is None  # no CPU times (no /proc)
 
 
 def test_replace_section_keeps_the_other_sections(tmp_path: Path) -> None:
@@ -270,6 +293,10 @@ def test_the_markdown_says_what_tls_costs() -> None:
     text = markdown(results)
     assert "Saturation passes, events/s (the table shows their median): seam adaptive 9,000 / 10,000 / 12,500." in text
     assert "drain it 3 times, each time a fresh worker on fresh topics" in text
+    assert "CPU per event" not in text  # not measured (no /proc): nothing to say
+    plain["saturation"]["worker_cpu_us_per_event"] = 50.0
+    plain["latency"][0] |= {"worker_cpu_us_per_event": 65.0, "generator_cores": 0.214}
+    assert "seam adaptive 50.0 µs draining, 50% 65.0 (1.30×); generator 0.21." in markdown(results)
     results["modes"]["default"].pop(SECURED)
     results["skipped"] = {SECURED: "no keytool"}
     assert "### What TLS costs\n\nNot measured in this run: no keytool." in markdown(results)
