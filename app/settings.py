@@ -78,9 +78,12 @@ class Settings:
     # How long the group waits for a silent worker (killed, partitioned) before moving its partitions.
     session_timeout_s: float = 10.0
     # A fetch waits up to fetch_max_wait_ms for fetch_min_bytes of new records: fewer, larger
-    # batches under load (less per-batch work) for at most that much added latency.
+    # batches under load (less per-batch work) for at most that much added latency. As the event loop
+    # gets busy the wait grows up to fetch_max_wait_busy_ms (agents/ingest/pacing.py; not above
+    # fetch_max_wait_ms: a fixed wait).
     fetch_min_bytes: int = 32 * 1024
     fetch_max_wait_ms: int = 10
+    fetch_max_wait_busy_ms: int = 30
     # batch: per-partition lists beneath Faust's per-event path; stream: a plain Faust agent.
     ingest: str = "batch"
     # at_least_once: after a crash some outputs are produced again (consumers de-duplicate by id);
@@ -191,6 +194,8 @@ class Settings:
             raise SettingsError(f"SEAM_FETCH_MIN_BYTES must be >= 1, got {self.fetch_min_bytes}")
         if self.fetch_max_wait_ms < 0:
             raise SettingsError(f"SEAM_FETCH_MAX_WAIT_MS must be >= 0, got {self.fetch_max_wait_ms}")
+        if self.fetch_max_wait_busy_ms < 0:
+            raise SettingsError(f"SEAM_FETCH_MAX_WAIT_BUSY_MS must be >= 0, got {self.fetch_max_wait_busy_ms}")
         if self.session_timeout_s < 1:
             raise SettingsError(f"SEAM_SESSION_TIMEOUT_S must be >= 1, got {self.session_timeout_s}")
         if self.topic_partitions < 1:

@@ -76,11 +76,12 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return localhost.cpu_seconds(pid), localhost.cpu_seconds(pid, pid)
 
 
-# The worker's metrics each window reports (cumulative): the state cache, RocksDB's memory, the collector's
-# pauses by generation, the model batches, and the state writes (their seconds: how busy the write behind is).
-REPORTED = ("seam_state_cache", "seam_state_db_memory", "seam_gc_pause_seconds_sum", "seam_gc_pause_seconds_count",
-            "seam_batch_size_count", "seam_batch_size_sum", "seam_state_flush_seconds_sum",
-            "seam_state_flush_seconds_count")
+# The worker's metrics each window reports (cumulative): the state cache, RocksDB's memory, the fetch wait, the
+# collector's pauses by generation, the model batches, and the state writes (their seconds: how busy the write
+# behind is).
+REPORTED = ("seam_state_cache", "seam_state_db_memory", "seam_fetch_wait_seconds", "seam_gc_pause_seconds_sum",
+            "seam_gc_pause_seconds_count", "seam_batch_size_count", "seam_batch_size_sum",
+            "seam_state_flush_seconds_sum", "seam_state_flush_seconds_count")
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -32,7 +32,8 @@ And here:
 * the Faust consumer's ``_thread`` (its ``call_thread`` and ``_ensure_consumer``), to seek fetched but
   dropped changelog records back;
 * ``AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's ``AIOKafkaConsumer._isolation_level``,
-  ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``, read by ``start()``;
+  ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``, read by ``start()``, and its fetcher's
+  ``_fetch_max_wait_ms``, read for each fetch request (:func:`set_fetch_wait`);
 * ``AIOKafkaConsumerThread.getmany`` (replaced), its ``_fetch_records`` and ``thread_loop``, and aiokafka's
   ``AIOKafkaConsumer._max_poll_records`` (:func:`fetch_records`);
 * the RocksDB store's ``_encode_key``, ``_encode_value``, ``_set``, ``_del``, ``_db_for_partition``
@@ -69,7 +70,8 @@ __all__ = [
     "is_changelog",
     "mark_restored", "mark_stream_progress",
     "persist_changelog_offset", "restore_state", "restoring", "raw_get", "raw_get_many", "rewind",
-    "rocksdb_partition", "share_rocksdb_memory", "store_writes", "tune_fetch", "uses_rocksdict", "without_spinner",
+    "rocksdb_partition", "set_fetch_wait", "share_rocksdb_memory", "store_writes", "tune_fetch", "uses_rocksdict",
+    "without_spinner",
 ]
 
 FaustConsumer = faust_aiokafka.Consumer
@@ -84,6 +86,17 @@ def tune_fetch(consumer: Any, *, min_bytes: int, max_wait_ms: int, read_committe
     consumer._fetch_max_wait_ms = max_wait_ms
     if read_committed:
         consumer._isolation_level = "read_committed"
+
+
+def set_fetch_wait(thread: Any, max_wait_ms: int) -> None:
+    """Let the broker hold a running consumer's next fetch requests up to ``max_wait_ms`` for records.
+
+    aiokafka's fetcher reads it for each request it builds, on the consumer thread; an int attribute is
+    replaced in one step, so no lock is needed. Before the consumer has started there is nothing to change.
+    """
+    fetcher = getattr(thread._ensure_consumer(), "_fetcher", None)
+    if fetcher is not None:
+        fetcher._fetch_max_wait_ms = max_wait_ms
 
 
 async def fetch_records(thread: Any, active_partitions: set[TP] | None, timeout: float) -> Any:

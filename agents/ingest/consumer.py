@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -50,6 +51,7 @@ from faust.types import TP, AppT, TopicT
 
 from agents.ingest.acks import AckLedger
 from agents.ingest.epochs import AssignmentEpochs
+from agents.ingest.pacing import FetchPacing
 from agents.ingest.records import Acker, RawRecord, RecordBatch
 from tables.faust_compat import (
     AIOKafkaConsumerThread,
@@ -62,6 +64,7 @@ from tables.faust_compat import (
     is_changelog,
     mark_stream_progress,
     rewind,
+    set_fetch_wait,
     tune_fetch,
 )
 from tables.faust_compat import (
@@ -116,11 +119,14 @@ class Commits(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class FetchOptions:
-    """How the consumer fetches: a fetch waits up to ``max_wait_ms`` for ``min_bytes`` of records."""
+    """How the consumer fetches: a fetch waits up to ``max_wait_ms`` for ``min_bytes`` of records, and up to
+    ``busy_max_wait_ms`` as the event loop gets busy (:mod:`agents.ingest.pacing`; not above ``max_wait_ms``:
+    a fixed wait)."""
 
     min_bytes: int = 1
     max_wait_ms: int = 1500  # Faust's own choice
     read_committed: bool = False
+    busy_max_wait_ms: int = 0
 
 
 @dataclass
@@ -217,7 +223,16 @@ class BatchConsumer(FaustConsumer):
         self._background_commit: asyncio.Future[None] | None = None
         self.transaction_offsets: dict[TP, int] = {}  # offsets this worker committed in transactions
         self.fetch_rounds = 0  # drain-loop rounds begun: each hands on all its fetch returned, then the next begins
+        options = self.ingestion.fetch
+        # How long fetches wait, from how busy the event loop is (None: always options.max_wait_ms).
+        self.fetch_pacing = (FetchPacing(options.max_wait_ms, options.busy_max_wait_ms)
+                             if options.busy_max_wait_ms > options.max_wait_ms else None)
         self.rewinds = 0  # changelog partitions sought back to records fetched but not handed on
+
+    @property
+    def fetch_wait_ms(self) -> int:
+        """How long the broker may hold the next fetch for records, in ms."""
+        return self.fetch_pacing.wait_ms if self.fetch_pacing is not None else self.ingestion.fetch.max_wait_ms
 
     @property
     def epoch(self) -> int:
@@ -350,6 +365,10 @@ class BatchConsumer(FaustConsumer):
                 # table's restore), or dropped for a rebalance and sought back to: a restore may count
                 # on it (see agents.commit.transactions.release_restores).
                 self.fetch_rounds += 1
+                if self.fetch_pacing is not None:
+                    wait_ms = self.fetch_pacing.observe(time.monotonic(), time.thread_time())
+                    if wait_ms is not None:
+                        set_fetch_wait(self._thread, wait_ms)
                 records, active = await self._wait_next_records(1.0)
                 if self.epochs.holding and self.epochs.positioned and self.flow_active and not self.should_stop:
                     # Even if nothing new came: the seek may have left the position past these.
@@ -512,7 +531,8 @@ def install(app: AppT, commits: Commits, *, fetch: FetchOptions | None = None) -
     ``commits`` asks). Returns the app's :class:`Ingestion`: register batch handlers on it.
     """
     options = fetch or FetchOptions()
-    ingestion = Ingestion(commits, FetchOptions(options.min_bytes, options.max_wait_ms, commits.read_committed))
+    ingestion = Ingestion(commits, FetchOptions(options.min_bytes, options.max_wait_ms, commits.read_committed,
+                                                options.busy_max_wait_ms))
     consumer = type("BatchConsumer", (BatchConsumer,), {"ingestion": ingestion})
     transport = type("BatchTransport", (BatchTransport,), {"Consumer": consumer})
     app.transport = transport(app.conf.broker_consumer, app)

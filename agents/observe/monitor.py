@@ -105,6 +105,7 @@ class Snapshot:
     cache_misses: int = 0  # key lookups that read the table
     db_memory: Mapping[str, int] = field(default_factory=dict)  # RocksDB's memory in bytes, by kind
     db_memory_limit: int = 0  # and its budget (SEAM_STATE_DB_MEMORY_MB)
+    fetch_wait_ms: int | None = None  # how long the broker may hold the next fetch (agents.ingest.pacing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +196,10 @@ class WorkerCollector(Collector):
         yield restore
         yield GaugeMetricFamily("seam_rebalancing", "1 while the consumer group rebalances.",
                                 value=1 if snapshot.rebalancing else 0)
+        if snapshot.fetch_wait_ms is not None:
+            yield GaugeMetricFamily("seam_fetch_wait_seconds", "How long the broker may hold the next fetch for "
+                                    "records: SEAM_FETCH_MAX_WAIT_MS, growing to SEAM_FETCH_MAX_WAIT_BUSY_MS as the "
+                                    "event loop gets busy.", value=snapshot.fetch_wait_ms / 1000)
         lookups = CounterMetricFamily("seam_state_cache_lookups", "Key states looked up by the pipeline, by "
                                       "result: hit (in memory) or miss (read from the table).", labels=["result"])
         lookups.add_metric(["hit"], snapshot.cache_hits)

@@ -191,6 +191,11 @@ def test_exactly_once_internals_keep_their_shape() -> None:
     for name in ("isolation_level", "fetch_min_bytes", "fetch_max_wait_ms"):
         assert f"self._{name} = {name}" in inspect.getsource(AIOKafkaConsumer.__init__), name
         assert f"{name}=self._{name}" in inspect.getsource(AIOKafkaConsumer.start), name
+    # tables.faust_compat.set_fetch_wait: the fetcher keeps the wait and reads it for each request it builds.
+    from aiokafka.consumer.fetcher import Fetcher
+
+    assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in inspect.getsource(Fetcher.__init__)
+    assert "self._fetch_max_wait_ms," in inspect.getsource(Fetcher._get_actions_per_node)
     for name, params in [("_encode_key", ["self", "key"]), ("_encode_value", ["self", "value"]),
                          ("_set", ["self", "key", "value"]), ("_del", ["self", "key"]),
                          ("set_persisted_offset", ["self", "tp", "offset"]),
