@@ -33,7 +33,7 @@ And here:
   dropped changelog records back;
 * ``AIOKafkaConsumerThread._create_worker_consumer`` and aiokafka's ``AIOKafkaConsumer._isolation_level``,
   ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``, read by ``start()``, and its fetcher's
-  ``_fetch_max_wait_ms``, read for each fetch request (:func:`set_fetch_wait`);
+  ``_fetch_max_wait_ms`` and ``_fetch_min_bytes``, read for each fetch request (:func:`set_fetch_wait`);
 * ``AIOKafkaConsumerThread.getmany`` (replaced), its ``_fetch_records`` and ``thread_loop``, and aiokafka's
   ``AIOKafkaConsumer._max_poll_records`` (:func:`fetch_records`);
 * the RocksDB store's ``_encode_key``, ``_encode_value``, ``_set``, ``_del``, ``_db_for_partition``
@@ -88,15 +88,15 @@ def tune_fetch(consumer: Any, *, min_bytes: int, max_wait_ms: int, read_committe
         consumer._isolation_level = "read_committed"
 
 
-def set_fetch_wait(thread: Any, max_wait_ms: int) -> None:
-    """Let the broker hold a running consumer's next fetch requests up to ``max_wait_ms`` for records.
+def set_fetch_wait(thread: Any, max_wait_ms: int, min_bytes: int) -> None:
+    """Let the broker hold a running consumer's next fetch requests up to ``max_wait_ms`` for ``min_bytes``.
 
-    aiokafka's fetcher reads it for each request it builds, on the consumer thread; an int attribute is
+    aiokafka's fetcher reads both for each request it builds, on the consumer thread; an int attribute is
     replaced in one step, so no lock is needed. Before the consumer has started there is nothing to change.
     """
     fetcher = getattr(thread._ensure_consumer(), "_fetcher", None)
     if fetcher is not None:
-        fetcher._fetch_max_wait_ms = max_wait_ms
+        fetcher._fetch_max_wait_ms, fetcher._fetch_min_bytes = max_wait_ms, min_bytes
 
 
 async def fetch_records(thread: Any, active_partitions: set[TP] | None, timeout: float) -> Any:

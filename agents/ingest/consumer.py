@@ -225,7 +225,7 @@ class BatchConsumer(FaustConsumer):
         self.fetch_rounds = 0  # drain-loop rounds begun: each hands on all its fetch returned, then the next begins
         options = self.ingestion.fetch
         # How long fetches wait, from how busy the event loop is (None: always options.max_wait_ms).
-        self.fetch_pacing = (FetchPacing(options.max_wait_ms, options.busy_max_wait_ms)
+        self.fetch_pacing = (FetchPacing(options.max_wait_ms, options.busy_max_wait_ms, options.min_bytes)
                              if options.busy_max_wait_ms > options.max_wait_ms else None)
         self.rewinds = 0  # changelog partitions sought back to records fetched but not handed on
 
@@ -368,7 +368,7 @@ class BatchConsumer(FaustConsumer):
                 if self.fetch_pacing is not None:
                     wait_ms = self.fetch_pacing.observe(time.monotonic(), time.thread_time())
                     if wait_ms is not None:
-                        set_fetch_wait(self._thread, wait_ms)
+                        set_fetch_wait(self._thread, wait_ms, self.fetch_pacing.min_bytes)
                 records, active = await self._wait_next_records(1.0)
                 if self.epochs.holding and self.epochs.positioned and self.flow_active and not self.should_stop:
                     # Even if nothing new came: the seek may have left the position past these.

@@ -11,8 +11,9 @@ which only pays where the loop is busy: idle, a record should be fetched as soon
 :class:`FetchPacing` sets the wait from the event loop's own CPU share (its thread's CPU time against the wall
 clock, averaged over about a second): ``idle_wait_ms`` up to a share of ``LOW``, ``busy_wait_ms`` from ``HIGH``,
 in proportion between them. A longer wait lowers the share it is chosen from, so the wait settles where the
-two meet. Pure and clock-injected: the consumer's drain loop feeds it each round and applies what it returns
-(:func:`tables.faust_compat.set_fetch_wait`).
+two meet. The bytes a fetch waits for grow in proportion to its wait, or they would end a longer wait first
+(32 KiB come in about 13 ms at 17,000 events a second). Pure and clock-injected: the consumer's drain loop
+feeds it each round and applies what it returns (:func:`tables.faust_compat.set_fetch_wait`).
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ MIN_STEP_S = 0.05  # rounds closer together than this are measured together (a t
 class FetchPacing:
     """The fetch wait for an event loop's CPU share (see the module docstring)."""
 
-    def __init__(self, idle_wait_ms: int, busy_wait_ms: int) -> None:
+    def __init__(self, idle_wait_ms: int, busy_wait_ms: int, idle_min_bytes: int = 1) -> None:
         if idle_wait_ms < 0 or busy_wait_ms < idle_wait_ms:
             raise ValueError(f"need 0 <= idle wait <= busy wait, got {idle_wait_ms} and {busy_wait_ms} ms")
-        self.idle_wait_ms, self.busy_wait_ms = idle_wait_ms, busy_wait_ms
+        if idle_min_bytes < 1:
+            raise ValueError(f"need idle min bytes >= 1, got {idle_min_bytes}")
+        self.idle_wait_ms, self.busy_wait_ms, self.idle_min_bytes = idle_wait_ms, busy_wait_ms, idle_min_bytes
         self.wait_ms = idle_wait_ms  # what the consumer starts with
         self.share = 0.0  # the loop's CPU share, averaged
         self._last: tuple[float, float] | None = None
@@ -57,3 +60,10 @@ class FetchPacing:
             return None
         self.wait_ms = wait_ms
         return wait_ms
+
+    @property
+    def min_bytes(self) -> int:
+        """The bytes a fetch waits for at the current wait: ``idle_min_bytes`` scaled with the wait."""
+        if self.idle_wait_ms == 0:
+            return self.idle_min_bytes
+        return self.idle_min_bytes * self.wait_ms // self.idle_wait_ms

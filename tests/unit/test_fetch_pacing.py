@@ -65,3 +65,17 @@ def test_the_waits_must_be_ordered() -> None:
     with pytest.raises(ValueError):
         FetchPacing(-1, 10)
     assert FetchPacing(10, 10).wait_ms == 10
+    with pytest.raises(ValueError):
+        FetchPacing(10, 30, 0)
+
+
+def test_the_bytes_a_fetch_waits_for_grow_with_its_wait() -> None:
+    # Or a busy loop's longer wait would be cut short by the bytes an idle one waits for.
+    pacing = FetchPacing(10, 30, 32 * 1024)
+    assert pacing.min_bytes == 32 * 1024
+    run(pacing, 0.95, 5 * HORIZON_S)
+    assert pacing.wait_ms == 30 and pacing.min_bytes == 96 * 1024
+    run(pacing, (LOW + HIGH) / 2, 20 * HORIZON_S, start=10.0, cpu=10.0)
+    assert pacing.wait_ms == 20 and pacing.min_bytes == 64 * 1024
+    # A fetch that never waits keeps its bytes, whatever the busy wait.
+    assert FetchPacing(0, 30, 1000).min_bytes == 1000

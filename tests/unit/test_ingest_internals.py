@@ -196,6 +196,8 @@ def test_exactly_once_internals_keep_their_shape() -> None:
 
     assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in inspect.getsource(Fetcher.__init__)
     assert "self._fetch_max_wait_ms," in inspect.getsource(Fetcher._get_actions_per_node)
+    assert "self._fetch_min_bytes = fetch_min_bytes" in inspect.getsource(Fetcher.__init__)
+    assert "self._fetch_min_bytes," in inspect.getsource(Fetcher._get_actions_per_node)
     for name, params in [("_encode_key", ["self", "key"]), ("_encode_value", ["self", "value"]),
                          ("_set", ["self", "key", "value"]), ("_del", ["self", "key"]),
                          ("set_persisted_offset", ["self", "tp", "offset"]),
