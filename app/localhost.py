@@ -81,9 +81,20 @@ class Subprocess:
     def running(self) -> bool:
         return self.proc.poll() is None
 
-    def log_tail(self, lines: int = 60) -> str:
+    def log_tail(self, lines: int = 60, traceback_lines: int = 40) -> str:
+        """The log's last ``lines``, after its first traceback when that lies above them.
+
+        A process that failed often goes on logging (retries, its shutdown) until the cause has scrolled
+        out of the tail; the first traceback is usually that cause.
+        """
         text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
+        first = next((i for i, line in enumerate(text) if line.startswith("Traceback (most recent call last)")),
+                     None)
+        if first is None or first >= len(text) - lines:
+            return "\n".join(text[-lines:])
+        cause = text[max(first - 2, 0):first + traceback_lines]
+        return "\n".join([f"[the log's first traceback, line {first + 1}:]", *cause,
+                          f"[... the log's last {lines} lines:]", *text[-lines:]])
 
     def wait_exit(self, timeout_s: float) -> int:
         """Wait for the process to exit by itself; return its exit code."""

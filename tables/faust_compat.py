@@ -43,19 +43,23 @@ And here:
 * the consumer's ``_committed_offset`` (read for the consumer lag);
 * ``Recovery.in_recovery``, ``active_highwaters``, ``active_offsets`` and ``TableManager.changelog_queue``;
 * the Faust producer's ``buffer`` (``size``, ``state``, ``flush()``);
-* the assignor's ``changelog_distribution`` and ``external_topic_distribution``.
+* the assignor's ``changelog_distribution`` and ``external_topic_distribution``;
+* an aiokafka producer's ``_sender``, and its ``_find_coordinator``, ``client`` and ``_retry_backoff``
+  (:func:`retry_coordinator_lookups`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Mapping, MutableMapping
 from time import monotonic
+from types import MethodType
 from typing import Any
 
 import rocksdict
-from aiokafka import TopicPartition
-from aiokafka.errors import IllegalStateError
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import IllegalStateError, KafkaError
 from faust import current_event as faust_current_event
 from faust.exceptions import ProducerSendError
 from faust.stores.rocksdb import RocksDBOptions
@@ -70,9 +74,11 @@ __all__ = [
     "is_changelog",
     "mark_restored", "mark_stream_progress",
     "persist_changelog_offset", "restore_state", "restoring", "raw_get", "raw_get_many", "rewind",
-    "rocksdb_partition", "set_fetch_wait", "share_rocksdb_memory", "store_writes", "tune_fetch", "uses_rocksdict",
-    "without_spinner",
+    "retry_coordinator_lookups", "rocksdb_partition", "set_fetch_wait", "share_rocksdb_memory", "store_writes",
+    "tune_fetch", "uses_rocksdict", "without_spinner",
 ]
+
+logger = logging.getLogger(__name__)
 
 FaustConsumer = faust_aiokafka.Consumer
 FaustTransport = faust_aiokafka.Transport
@@ -112,6 +118,36 @@ async def fetch_records(thread: Any, active_partitions: set[TP] | None, timeout:
     fetch = thread._fetch_records(consumer, active_partitions, timeout=timeout,
                                   max_records=consumer._max_poll_records)
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fetch, thread.thread_loop))
+
+
+def retry_coordinator_lookups(producer: AIOKafkaProducer) -> AIOKafkaProducer:
+    """Make a transactional producer retry a coordinator lookup that failed with a retriable error.
+
+    aiokafka's sender retries a lookup that finds no coordinator, no ready node or a timeout, but any
+    other error ends its sender task, and with it the producer: every later transaction call raises.
+    A connection the broker closes while the lookup is in flight (a broker stopping, restarting or
+    moving the coordinator) is such an error, so a broker restart could stop an exactly-once worker.
+    Here a lookup that failed with a retriable error (``KafkaError.retriable``; aiokafka raises it as
+    the cause of its own) is tried again after the sender's backoff, with fresh metadata, as aiokafka
+    does for the errors it knows. Call it before the producer starts.
+    """
+    sender = producer._sender
+    find = sender._find_coordinator
+
+    async def find_coordinator(self: Any, coordinator_type: Any, coordinator_key: Any) -> Any:
+        while True:
+            try:
+                return await find(coordinator_type, coordinator_key)
+            except KafkaError as err:
+                cause = err.__cause__
+                if not (isinstance(cause, KafkaError) and cause.retriable):
+                    raise
+                logger.warning("coordinator lookup for %s failed (%r); retrying", coordinator_key, cause)
+                await self.client.force_metadata_update()
+                await asyncio.sleep(self._retry_backoff)
+
+    sender._find_coordinator = MethodType(find_coordinator, sender)
+    return producer
 
 
 def fetcher_stopped(fetcher: Any) -> Any:

@@ -22,7 +22,9 @@ one transaction of the producer that owns the record's input partition:
   its outputs are discarded rather than written into a new transaction (the records are delivered
   again and their acknowledgements are dropped anyway, see :mod:`agents.ingest`).
 * Any failure to begin, write or commit a transaction (fenced, timed out) stops the worker: its
-  open transactions are aborted by the next owner and the records are processed again.
+  open transactions are aborted by the next owner and the records are processed again. A broker
+  that goes away is not such a failure: the producers wait for it, retrying their requests, and
+  their coordinator lookups too (:func:`tables.faust_compat.retry_coordinator_lookups`).
 * **Restores end at markers:** a transactional changelog ends with a marker, never a record; see
   :mod:`agents.ingest.restore`.
 
@@ -46,6 +48,7 @@ from agents.delivery.outputs import OutputProducer
 from agents.ingest.consumer import table_partition
 from agents.ingest.records import RecordBatch
 from tables.changelog import Write, encode, persist_offsets, send_many, store
+from tables.faust_compat import retry_coordinator_lookups
 from tables.kafka import Connection, client_options
 
 __all__ = ["PartitionTransactions"]
@@ -128,9 +131,9 @@ class PartitionTransactions:
                 self._opening.pop(partition, None)
 
     async def _start(self, partition: int) -> _Transaction:
-        producer = AIOKafkaProducer(
+        producer = retry_coordinator_lookups(AIOKafkaProducer(
             **client_options(self._bootstrap), transactional_id=self.transactional_id(partition),
-            enable_idempotence=True, acks="all", **self._producer_options)
+            enable_idempotence=True, acks="all", **self._producer_options))
         await producer.start()
         state = self._partitions[partition] = _Transaction(producer, OutputProducer(producer=producer))
         return state

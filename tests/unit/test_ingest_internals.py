@@ -641,3 +641,54 @@ def test_the_fetch_runs_on_the_thread_loop_and_answers_on_the_callers() -> None:
 
     asyncio.run(scenario())
     assert calls == [(True, kafka, {"tp"}, 0.5, 500)]
+
+
+@pytest.mark.parametrize("patched", [True, False])
+def test_a_transactional_producer_retries_a_coordinator_lookup_the_broker_cut_off(patched: bool) -> None:
+    """A connection closed during FindCoordinator (a broker stopping) is retried, not the producer's end.
+
+    Without tables.faust_compat.retry_coordinator_lookups, aiokafka's sender raises it (its task ends and
+    every later transaction call fails); with it, the lookup is tried again and finds the coordinator.
+    """
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.client import CoordinationType
+    from aiokafka.errors import InvalidRequestError, KafkaConnectionError, KafkaError
+
+    from tables.faust_compat import retry_coordinator_lookups
+
+    async def scenario(failures: list[Exception]) -> tuple[Any, int]:
+        producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1", transactional_id="t-0",
+                                    enable_idempotence=True, retry_backoff_ms=1)
+        if patched:
+            assert retry_coordinator_lookups(producer) is producer
+        client = producer._sender.client
+        lookups = 0
+
+        async def lookup(coordinator_type: Any, key: str) -> int:
+            nonlocal lookups
+            lookups += 1
+            if failures:
+                raise failures.pop(0)
+            return 7
+
+        async def ready(node_id: int, group: Any = None) -> bool:
+            return True
+
+        async def metadata() -> bool:
+            return True
+
+        client.coordinator_lookup, client.ready, client.force_metadata_update = lookup, ready, metadata
+        try:
+            return await producer._sender._find_coordinator(CoordinationType.TRANSACTION, "t-0"), lookups
+        except KafkaError as err:
+            return err, lookups
+
+    cut_off = [KafkaConnectionError("Connection at 127.0.0.1:9092 closed"), KafkaConnectionError("closed")]
+    found, lookups = asyncio.run(scenario(cut_off))
+    if patched:
+        assert (found, lookups) == (7, 3)
+    else:  # aiokafka's own behaviour, which the patch exists for
+        assert isinstance(found, KafkaError) and isinstance(found.__cause__, KafkaConnectionError)
+        assert lookups == 1
+    refused, lookups = asyncio.run(scenario([InvalidRequestError()]))  # not retriable: raised either way
+    assert isinstance(refused, KafkaError) and lookups == 1
