@@ -54,7 +54,6 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping, MutableMapping
 from time import monotonic
-from types import MethodType
 from typing import Any
 
 import rocksdict
@@ -134,7 +133,7 @@ def retry_coordinator_lookups(producer: AIOKafkaProducer) -> AIOKafkaProducer:
     sender = producer._sender
     find = sender._find_coordinator
 
-    async def find_coordinator(self: Any, coordinator_type: Any, coordinator_key: Any) -> Any:
+    async def find_coordinator(coordinator_type: Any, coordinator_key: Any) -> Any:
         while True:
             try:
                 return await find(coordinator_type, coordinator_key)
@@ -143,10 +142,10 @@ def retry_coordinator_lookups(producer: AIOKafkaProducer) -> AIOKafkaProducer:
                 if not (isinstance(cause, KafkaError) and cause.retriable):
                     raise
                 logger.warning("coordinator lookup for %s failed (%r); retrying", coordinator_key, cause)
-                await self.client.force_metadata_update()
-                await asyncio.sleep(self._retry_backoff)
+                await sender.client.force_metadata_update()
+                await asyncio.sleep(sender._retry_backoff)
 
-    sender._find_coordinator = MethodType(find_coordinator, sender)
+    sender._find_coordinator = find_coordinator
     return producer
 
 
