@@ -102,6 +102,7 @@ class ChangelogWriter:
         self._send = send
         self._scope = scope
         self._writes: list[Write] = []
+        self.pending_bytes = 0  # the keys and values queued (what a flush will send)
         self.failed: BaseException | None = None
 
     def write(self, table: Any, partition: int, key: Any, value: Any) -> None:
@@ -110,7 +111,9 @@ class ChangelogWriter:
         It reaches the store once :meth:`flush` has had its changelog record acknowledged; until then
         the caller keeps what it wrote (the state cache keeps written keys cached until it trims).
         """
-        self._writes.append(encode(table, partition, key, value))
+        write = encode(table, partition, key, value)
+        self._writes.append(write)
+        self.pending_bytes += len(write[2]) + (0 if write[3] is None else len(write[3]))
 
     def __len__(self) -> int:
         return len(self._writes)
@@ -123,7 +126,7 @@ class ChangelogWriter:
         """
         if self.failed is not None:  # once lost, the changes are not in the changelog: never commit past them
             raise RuntimeError("an earlier changelog write failed") from self.failed
-        writes, self._writes = self._writes, []
+        writes, self._writes, self.pending_bytes = self._writes, [], 0
         if not writes:
             return 0
         # One table after the other, in the order of their first write, each acknowledged (and stored)

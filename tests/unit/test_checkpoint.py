@@ -152,6 +152,26 @@ async def test_at_least_once_writes_the_state_then_the_changelog_and_releases_ac
     assert scoring.metrics.state_writes._value.get() == 2
 
 
+async def test_a_state_write_of_many_keys_sends_them_as_it_goes_and_commits_after_the_last(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What one write holds is bounded: past STATE_WRITE_SEND_BYTES it sends what it queued and goes on. The
+    records' acknowledgements come once every key is staged, the offsets once every record is sent."""
+    at = at_least_once()
+    checkpoint, cache, table, log = at.checkpoint, at.cache, at.table, at.log
+    keys = [f"card-{i:03}" for i in range(150)]
+    for key in keys:
+        change(cache, key)
+    cache.ack_when_flushed(cache.write_round, lambda: log.append("ack"))
+    monkeypatch.setattr(guarantee_module, "STATE_WRITE_SEND_BYTES", 64 * len(b'"card-000"{"n":1}'))
+    assert await checkpoint.commit("faust")
+    sends = [line for line in log if line.startswith("changelog")]
+    assert sends == ["changelog 64", "changelog 64", "changelog 22"]  # a send after each step of 64 keys
+    assert log.index("changelog 64") < log.index("stage card-064")  # sent before the next step was staged
+    assert log.index("stage card-149") < log.index("ack") < log.index("changelog 22") < len(log) - 1
+    assert log[-1].startswith("offsets")
+    assert {row for _, row in table.data.rows} == {f'"{key}"'.encode() for key in keys}
+
+
 async def test_a_changelog_that_cannot_be_written_skips_the_commit_and_stops_the_worker() -> None:
     at = at_least_once()
     checkpoint, scoring, broker, cache = at.checkpoint, at.scoring, at.broker, at.cache
