@@ -193,7 +193,8 @@ class AtLeastOnce:
                 raise SkipCommit(f"changelog records not sent while stopping: {exc!r}") from exc
             if not isinstance(exc, Exception):
                 raise
-            # The acknowledgements are released but their state is not in the changelog: stop.
+            # Records whose state is not in the changelog may be acknowledged already (at the end of a write)
+            # or not yet (a send within it): either way no offset may be committed past them, so stop.
             _crash_later(work, exc, self._crashing)
             raise SkipCommit(f"changelog records could not be sent: {exc!r}") from exc
 
