@@ -75,10 +75,11 @@ from typing import Any
 
 from specs import EXAMPLE_SPEC
 from tables.spec import FeatureSpec, feature_set_version, load_spec
+from tables.tiles import Layout, Loader, Tiles
 
 __all__ = [
-    "DEFAULT_SPEC", "HOT_EVENTS", "INDEX_AFTER", "Applied", "IdColumn", "KeyState", "FeatureSpec", "Watermark",
-    "apply_event",
+    "DEFAULT_SPEC", "HOT_EVENTS", "INDEX_AFTER", "SPILL_EVENTS", "TILES_PER_WINDOW", "Applied", "IdColumn", "KeyState",
+    "FeatureSpec", "Watermark", "apply_event",
     "as_lists", "as_plain", "compact", "event_ids", "feature_set_version", "has_event",
     "latest_features", "memory_bytes", "new_state", "replayable", "upgrade_state",
 ]
@@ -91,6 +92,10 @@ HOT_EVENTS = 256
 # ... once slices have scored it this many times since its state was read or made (it pays for the index
 # only if it stays cached, and a key read back on a miss is often scored once and dropped again)
 INDEX_AFTER = 16
+# A hot key whose store can read its events back (KeyState.loader) tiles those below its raw band
+# (tables.tiles) once this many, and a 32nd of what it holds raw, are due: the largest window in this many tiles
+SPILL_EVENTS = 256
+TILES_PER_WINDOW = 64
 # What a key's state costs in memory, measured with tracemalloc per key over thousands of keys of the example
 # spec read back into a StateCache (synthetic keys: ids of about 20 characters, interned merchants): the dict,
 # its columns, the key and the cache's entries; each event held (its id's characters and a NUL in its IdColumn,
@@ -224,12 +229,17 @@ class KeyState(dict[str, Any]):
     them; two states are equal when they hold the same values, whichever.
     """
 
-    __slots__ = ("index", "sliced")
+    __slots__ = ("index", "loader", "sliced", "spill_below", "tiles")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.index: _WindowIndex | None = None
         self.sliced = 0  # events scored by slices while the key held HOT_EVENTS or more (see INDEX_AFTER)
+        # Where the key's store reads its events back, so that a hot key may tile them (tables.tiles), and the
+        # time below which it holds every event the key has applied (None: all of them)
+        self.loader: Loader | None = None
+        self.spill_below: int | None = None
+        self.tiles: Tiles | None = None  # the key's events below its raw band, when tiled: not in the columns
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, dict):
@@ -341,7 +351,8 @@ def event_ids(state: KeyState) -> list[str]:
 
 
 def has_event(state: KeyState, event_id: str) -> bool:
-    """Say whether ``state`` holds the event ``event_id`` (applied and not yet evicted)."""
+    """Say whether ``state`` holds the event ``event_id`` (applied and not yet evicted; a tiled key answers for
+    the events it holds raw, every one a redelivery of which :func:`replayable` accepts)."""
     index = state.index if isinstance(state, KeyState) else None
     if index is not None and index.fits(state):
         return event_id in index.ids
@@ -362,9 +373,18 @@ def apply_event(
     ``values``: the event's values of ``spec.stored``, in that order (numbers as floats).
     """
     plan = _plan_of(spec)
-    index = _index_of(state, plan) if len(state["ts"]) >= HOT_EVENTS and type(state) is KeyState else None
+    tiled = type(state) is KeyState and state.tiles is not None
+    if tiled and (ts_ms < state.tiles.top or  # type: ignore[union-attr]
+                  ts_ms <= state["ts"][-1] - allowed_lateness_ms - spec.replay_allowance_ms - spec.max_window_ms):
+        _untile(state)  # below the raw band (its watermark was lost): the key holds every event raw again
+        tiled = False
+    index = (_index_of(state, plan) if type(state) is KeyState and (tiled or len(state["ts"]) >= HOT_EVENTS)
+             else None)
     ids: Sequence[str] = state["id"]
     if event_id in (ids if index is None else index.ids):
+        if tiled:  # its windows may reach below the raw band, where only arrival order tells what counts
+            whole = _materialized(state)
+            return Applied(_replayed_features(whole, whole["id"].index(event_id), plan), True)
         return Applied(_replayed_features(state, ids.index(event_id), plan), True)
     state["n"] += 1
     times: Sequence[int] = state["ts"]
@@ -392,7 +412,12 @@ def apply_event(
     pos = _evict(state, pos, times[-1] - allowed_lateness_ms - spec.replay_allowance_ms - spec.max_window_ms, index)
     if index is None or state.index is None:
         return Applied(plan.sliced(state, pos), False)
+    if state.loader is not None:
+        pos = _spill(state, pos, times[-1] - allowed_lateness_ms - spec.replay_allowance_ms, index, plan)
+        times = state["ts"]
     index.stamp = (state["n"], len(times))
+    if state.tiles is not None:
+        return Applied(_tiled_features(state, pos, index, state.tiles, plan), False)
     return Applied(plan.indexed(state, pos, index), False)
 
 
@@ -406,6 +431,8 @@ def latest_features(state: KeyState, spec: FeatureSpec = DEFAULT_SPEC) -> tuple[
     """The id and features of the key's most recently applied event still in state, if any."""
     if not state["seq"]:
         return None
+    if isinstance(state, KeyState) and state.tiles is not None:
+        state = _materialized(state)
     index = max(range(len(state["seq"])), key=state["seq"].__getitem__)
     return state["id"][index], _replayed_features(state, index, _plan_of(spec))
 
@@ -467,12 +494,15 @@ class _Plan:
     minima: frozenset[int]
     distinct: frozenset[tuple[int, int]]  # (column, window ms)
     sources: list[str] = field(default_factory=list)  # the text of the functions _compile made
+    layout: Layout = field(init=False)  # what a tiled key keeps per tile (tables.tiles)
     sliced: Callable[[KeyState, int], tuple[float, ...]] = field(init=False)
     indexed: Callable[[KeyState, int, _WindowIndex], tuple[float, ...]] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sliced", _compile(self, indexed=False))
         object.__setattr__(self, "indexed", _compile(self, indexed=True))
+        object.__setattr__(self, "layout", Layout(self.summed, self.squared, self.maxima, self.minima,
+                                                  frozenset(col for col, _ in self.distinct)))
 
 
 _OPS_OF_AGGREGATE = {"sum": "sums", "mean": "means", "ratio_to_mean": "ratios", "max": "maxima", "min": "minima",
@@ -527,7 +557,7 @@ def _index_of(state: KeyState, plan: _Plan) -> _WindowIndex | None:
     index = state.index
     if index is not None and index.plan is plan and index.fits(state):
         return index
-    if state.sliced < INDEX_AFTER:
+    if state.sliced < INDEX_AFTER and state.tiles is None:  # a tiled key is scored with its index only
         state.sliced += 1
         state.index = None
         return None
@@ -546,6 +576,11 @@ def _evict(state: KeyState, pos: int, cutoff: int, index: _WindowIndex | None) -
     1/32 of it is due, not at every event: events below the cutoff are in no window and no replay.
     """
     times: Sequence[int] = state["ts"]
+    tiles = state.tiles if type(state) is KeyState else None
+    if tiles is not None:
+        dropped = tiles.drop_through(cutoff)
+        if dropped is not None and (state["prev"] is None or dropped[0] >= state["prev"]):
+            state["prev"], state["pv"] = dropped
     count = bisect_right(times, cutoff)
     if count <= len(times) >> 5:
         return pos
@@ -573,6 +608,52 @@ def _evict(state: KeyState, pos: int, cutoff: int, index: _WindowIndex | None) -
     if evicted is not None and (state["prev"] is None or evicted[0] >= state["prev"]):
         state["prev"], state["pv"] = evicted
     return new_pos
+
+
+def _spill(state: KeyState, pos: int, band: int, index: _WindowIndex, plan: _Plan) -> int:
+    """Tile the events below ``band`` (the raw band's lower edge, under what the store is known to hold) once
+    enough are due; return the new index of the event at ``pos``."""
+    if state.spill_below is not None:
+        band = min(band, state.spill_below)
+    times: Sequence[int] = state["ts"]
+    count = bisect_left(times, band)
+    if count < SPILL_EVENTS or count <= len(times) >> 5 or pos < count:
+        return pos
+    tiles = state.tiles
+    if tiles is None:
+        assert state.loader is not None
+        tiles = state.tiles = Tiles(max(1, plan.spec.max_window_ms // TILES_PER_WINDOW), plan.layout, state.loader)
+    columns = state["values"]
+    tiles.spill(times[:count], state["seq"][:count], [column[:count] for column in columns], band)
+    index.evict(state, count)
+    for name in _COLUMNS:
+        state[name] = _dropped(state[name], count)
+    state["values"] = type(columns)([_dropped(column, count) for column in columns])
+    return pos - count
+
+
+def _materialized(state: KeyState) -> KeyState:
+    """A tiled key's state with every event raw, its tiled ones read back from its store (a copy)."""
+    tiles = state.tiles
+    assert tiles is not None
+    whole = KeyState(n=state["n"], prev=state["prev"], pv=state["pv"], ts=list(state["ts"]), id=list(state["id"]),
+                     seq=list(state["seq"]), values=[list(column) for column in state["values"]])
+    if tiles.first_ts is not None:
+        below = tiles.loader(tiles.first_ts, tiles.top)
+        if len(below) != len(tiles):
+            raise RuntimeError(f"a key of {len(tiles)} tiled events read back {len(below)} from its store")
+        whole["ts"][:0], whole["id"][:0], whole["seq"][:0] = below.ts, below.ids, below.seq
+        for column, values in zip(whole["values"], below.values, strict=True):
+            column[:0] = values
+    return whole
+
+
+def _untile(state: KeyState) -> None:
+    """Hold every event of a tiled key raw again (its window index is rebuilt at its next event)."""
+    whole = _materialized(state)
+    for name in ("ts", "id", "seq", "values"):
+        state[name] = whole[name]
+    state.tiles = state.index = None
 
 
 def _taken(column: Sequence[Any], keep: list[int]) -> Sequence[Any]:
@@ -746,6 +827,71 @@ def _replayed_features(state: KeyState, index: int, plan: _Plan) -> tuple[float,
         out[slot] = default if previous is None else (ts_ms - previous[0]) / 1000.0
     for slot, column, default in plan.last:
         out[slot] = default if previous is None else float(previous[1][column])
+    return tuple(out)
+
+
+def _tiled_features(state: KeyState, pos: int, index: _WindowIndex, tiles: Tiles, plan: _Plan) -> tuple[float, ...]:
+    """The features of the newest-arrived event at ``pos`` of a tiled key: what ``plan.indexed`` computes, where
+    a window that reaches below the raw band adds the tiled events above its lower edge (the raw band's part
+    comes from the index; exact sums are added as integers and rounded once)."""
+    times: list[int] = state["ts"]
+    columns: list[list[Any]] = state["values"]
+    ts_ms, hi = times[pos], pos + 1
+    out = [0.0] * plan.width
+    for window in plan.windows:
+        lower = ts_ms - window.ms
+        lo = bisect_right(times, lower, 0, hi)
+        part = tiles.above(lower) if not lo and lower + 1 < tiles.top else None
+        tiled = 0 if part is None else part.count
+        count = hi - lo + tiled
+        for slot in window.counts:
+            out[slot] = float(count)
+        for aggregate in window.aggregates:
+            col = aggregate.column
+            if aggregate.total or aggregate.stds:
+                sums = index.sums[col]
+                bits = sums.bits
+                total = sums.sums[hi] - sums.sums[lo]
+                squares = 0 if sums.squares is None else sums.squares[hi] - sums.squares[lo]
+                if part is not None and tiled:
+                    both = max(bits, part.bits)
+                    total = (total << (both - bits)) + (part.sums[col] << (both - part.bits))
+                    if sums.squares is not None:
+                        squares = (squares << 2 * (both - bits)) + (part.squares[col] << 2 * (both - part.bits))
+                    bits = both
+                mean = total / (1 << bits) / count
+                for slot in aggregate.sums:
+                    out[slot] = total / (1 << bits)
+                for slot in aggregate.means:
+                    out[slot] = mean
+                for slot in aggregate.ratios:
+                    out[slot] = columns[col][pos] / mean if mean else 0.0
+                for slot in aggregate.stds:
+                    out[slot] = sqrt((count * squares - total * total) / ((count * count) << (2 * bits)))
+            for slot in aggregate.maxima:
+                high = index.maxima[col].extreme(columns[col], lo, hi)
+                if part is not None and tiled and not high > part.maxima[col]:
+                    high = float(part.maxima[col])  # the earlier value wins a tie, as max() of the window gives
+                out[slot] = high
+            for slot in aggregate.minima:
+                low = index.minima[col].extreme(columns[col], lo, hi)
+                if part is not None and tiled and not low < part.minima[col]:
+                    low = float(part.minima[col])
+                out[slot] = low
+            for slot in aggregate.distincts:
+                out[slot] = float(index.distinct[col, window.ms].count(state, lo, pos))
+    if plan.since_prev or plan.last:
+        previous: tuple[int, Sequence[Any]] | None = None
+        if pos:
+            previous = times[pos - 1], [column[pos - 1] for column in columns]
+        elif len(tiles):
+            previous = tiles.newest_event()
+        elif state["prev"] is not None and state["prev"] <= ts_ms:
+            previous = state["prev"], state["pv"]
+        for slot, default in plan.since_prev:
+            out[slot] = default if previous is None else (ts_ms - previous[0]) / 1000.0
+        for slot, col, default in plan.last:
+            out[slot] = default if previous is None else float(previous[1][col])
     return tuple(out)
 
 
@@ -927,6 +1073,10 @@ class _Distinct:
         self.counts: dict[Any, int] = {}
         for value in state["values"][column][bisect_right(times, self.anchor - window_ms):]:
             self.counts[value] = self.counts.get(value, 0) + 1
+        tiles = state.tiles
+        if tiles is not None and self.anchor - window_ms + 1 < tiles.top:
+            for value, count in tiles.counts_between(column, self.anchor - window_ms, tiles.top - 1).items():
+                self.counts[value] = self.counts.get(value, 0) + count
 
     def insert(self, state: KeyState, pos: int) -> None:
         """Take in the event just inserted at ``pos``."""
@@ -941,6 +1091,16 @@ class _Distinct:
                     counts[value] = left
                 else:
                     del counts[value]
+            tiles = state.tiles
+            if tiles is not None and self.anchor - self.window_ms + 1 < tiles.top:  # ... and what is tiled of it
+                gone = tiles.counts_between(self.column, self.anchor - self.window_ms,
+                                            min(ts_ms - self.window_ms, tiles.top - 1))
+                for value, count in gone.items():
+                    left = counts[value] - count
+                    if left:
+                        counts[value] = left
+                    else:
+                        del counts[value]
             self.anchor = ts_ms
         if ts_ms > self.anchor - self.window_ms:
             counts[values[pos]] = counts.get(values[pos], 0) + 1
@@ -952,7 +1112,12 @@ class _Distinct:
         if pos == len(times) - 1:  # the newest event time: the anchored window itself
             return len(self.counts)
         start = bisect_right(times, self.anchor - self.window_ms)
+        tiles, lower = state.tiles, times[pos] - self.window_ms
+        tiled = tiles is not None and lower + 1 < tiles.top  # its window reaches below the raw band
         if start > pos + 1 or (len(times) - 1 - pos) + (start - lo) > pos + 1 - lo:
+            if tiled:
+                assert tiles is not None
+                return len(set(values[lo:pos + 1]).union(tiles.counts_between(self.column, lower, tiles.top - 1)))
             return len(set(values[lo:pos + 1]))
         # Its window is the anchored one without the events after it and with those before the anchored start.
         delta: dict[Any, int] = {}
@@ -960,6 +1125,11 @@ class _Distinct:
             delta[value] = delta.get(value, 0) - 1
         for value in values[lo:start]:
             delta[value] = delta.get(value, 0) + 1
+        if tiled:
+            assert tiles is not None
+            between = tiles.counts_between(self.column, lower, min(self.anchor - self.window_ms, tiles.top - 1))
+            for value, count in between.items():
+                delta[value] = delta.get(value, 0) + count
         counts = self.counts
         distinct = len(counts)
         for value, change in delta.items():
