@@ -207,7 +207,7 @@ class ScoringService(Service):
             load_watermark=self.tables.load_watermark, store_state=store_state,
             store_watermark=store_max_ts, allowed_lateness_ms=lateness_ms,
             max_clean_bytes=cache_bytes, spec=self.spec,
-            load_layout=self.tables.load_layout, store_layout=store_layout,
+            load_layout=self.tables.load_layout, store_layout=store_layout, read_events=self.tables.read_events,
             on_load=self.metrics.state_load.observe,
             scope=lambda partition: ingest.table_partition(settings.input_topic, partition))
         models = ModelSet(self._load_model, self._serve, self._on_dispatch_failure, metrics=self.metrics)

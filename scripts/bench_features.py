@@ -12,9 +12,11 @@ one whose window holds 10, both fed one event at a time with event times jittere
 (some arrive out of order), each measured once its window is full.
 
 ``--one-key RATE`` follows one key at RATE events per second of event time for ``--hours`` (1) and reports,
-every tenth of it, the events its state holds, their memory (``tables.features.memory_bytes``) and the bytes
+every tenth of it, the events its state holds, their memory (``tables.features.state_bytes``) and the bytes
 its table holds (``tables.key_store``: the header and sealed chunks, as a flush writes them), with the
-microseconds per event of that stretch: what exact windows make a key's state cost as its rate grows.
+microseconds per event of that stretch: what exact windows make a key's state cost as its rate grows. With
+``--tiled`` the key reads its events back from that table, as a worker's state cache lets a hot key do, and
+tiles those below its raw band (``tables.tiles``): its memory then stops growing at the raw band.
 
 ``--growth MINUTES`` drives the engine as a worker under steady load does: ``--cards`` keys, ``--rate``
 events per second of event time, each for a key drawn at random, every key's state held in memory and
@@ -37,8 +39,9 @@ import random
 import time
 
 from app.synthetic import TransactionGenerator
-from tables.features import Watermark, apply_event, memory_bytes, new_state
-from tables.key_store import Stored, changes, stored_key
+from tables.features import Watermark, apply_event, new_state, state_bytes
+from tables.key_store import Packed, Stored, changes, cut_below, events_between, stored_key
+from tables.tiles import Events
 
 
 def run(events: list[dict], batch_size: int, lateness_ms: int) -> tuple[float, int, int]:
@@ -75,16 +78,58 @@ def per_event_us(in_window: int, measured: int, seed: int = 5) -> tuple[float, i
     return (time.perf_counter() - started) / measured * 1e6, len(state["ts"])
 
 
-def one_key(rate: float, hours: float, seed: int = 5) -> list[dict[str, float]]:
+class _Table:
+    """One key's table as a flush leaves it (a rewritten chunk replaces its earlier version), and what the key reads
+    back from it when it tiles (``tables.tiles.Store``): every write reaches the table at once here."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key, self.values, self.stored = key, {}, Stored()
+        self.durable_tail: int | None = None
+        self.unwritten_low: int | None = None  # the lowest time applied since the last write
+        self.reads = 0
+
+    def write(self, state: dict, touched: list[int]) -> None:
+        self.stored = Stored.unpacked(self.stored.packed())  # as the state cache holds it between writes
+        for table_key, value in changes(self.key, state, self.stored, touched):
+            if value is None:
+                self.values.pop(table_key, None)
+            else:
+                self.values[table_key] = value
+        self.durable_tail, self.unwritten_low = self.stored.tail, None
+
+    def bytes(self) -> int:
+        return sum(len(key) + len(value) for key, value in self.values.items())
+
+    def _held(self) -> Packed:
+        """What the table holds of the key, as the state cache holds it (without copying its list of chunks)."""
+        stored = self.stored
+        return stored.chunks, stored.tail, stored.next_chunk, stored.n, stored.held, None  # type: ignore[return-value]
+
+    def applied(self, ts: int) -> None:
+        if self.unwritten_low is None or ts < self.unwritten_low:
+            self.unwritten_low = ts
+
+    def cut(self, below: int) -> int | None:
+        if self.durable_tail is None:
+            return None
+        return cut_below(self._held(), self.durable_tail, below if self.unwritten_low is None
+                         else min(below, self.unwritten_low))
+
+    def read(self, lo: int, hi: int) -> Events:
+        self.reads += 1
+        return events_between(self.key, self._held(), lo, hi, lambda keys: [self.values.get(k) for k in keys])
+
+
+def one_key(rate: float, hours: float, seed: int = 5, tiled: bool = False) -> list[dict[str, float]]:
     """One key at ``rate`` events per second of event time for ``hours``: its state's size every tenth of the run.
 
-    The key's state is written as a flush writes it once a second of event time, from what the table holds of it
-    packed as the state cache keeps it (the table's copy kept in ``written``: a rewritten chunk replaces its
-    earlier version), so ``table_mb`` is what its table holds.
+    The key's state is written as a flush writes it once a second of event time, so ``table_mb`` is what its
+    table holds; with ``tiled`` the key reads its events back from that table.
     """
     rng = random.Random(seed)
-    state, stored, key = new_state(), Stored(), stored_key("one-key")
-    written: dict[bytes, int] = {}
+    state, table = new_state(), _Table(stored_key("one-key"))
+    if tiled:
+        state.store = table
     total = int(rate * hours * 3600)
     step_ms, touched, rows = 1000 / rate, [], []
     started = time.perf_counter()
@@ -94,18 +139,13 @@ def one_key(rate: float, hours: float, seed: int = 5) -> list[dict[str, float]]:
                     allowed_lateness_ms=60_000)
         touched.append(ts)
         if (i + 1) % max(1, int(rate)) == 0 or i == total - 1:  # a flush per second of event time
-            stored = Stored.unpacked(stored.packed())  # as the state cache holds it between writes
-            for table_key, value in changes(key, state, stored, touched):
-                if value is None:
-                    written.pop(table_key, None)
-                else:
-                    written[table_key] = len(table_key) + len(value)
+            table.write(state, touched)
             touched = []
         if (i + 1) % max(1, total // 10) == 0:
-            held = len(state["ts"])
-            rows.append({"event_time_s": round(ts / 1000), "events_held": held, "memory_mb": memory_bytes(held) / 1e6,
-                         "table_mb": sum(written.values()) / 1e6,
-                         "us_per_event": (time.perf_counter() - started) / (total // 10) * 1e6})
+            rows.append({"event_time_s": round(ts / 1000), "events_held": len(state["ts"]),
+                         "events_tiled": 0 if state.tiles is None else len(state.tiles),
+                         "memory_mb": state_bytes(state) / 1e6, "table_mb": table.bytes() / 1e6,
+                         "reads": table.reads, "us_per_event": (time.perf_counter() - started) / (total // 10) * 1e6})
             started = time.perf_counter()
     return rows
 
@@ -169,6 +209,7 @@ def main() -> None:
     parser.add_argument("--one-key", type=float, default=0.0, metavar="RATE",
                         help="only: one key at RATE events per second of event time, its state's size")
     parser.add_argument("--hours", type=float, default=1.0, help="with --one-key: hours of event time")
+    parser.add_argument("--tiled", action="store_true", help="with --one-key: the key tiles (tables.tiles)")
     parser.add_argument("--growth", type=int, default=0, metavar="MINUTES",
                         help="only: --cards keys at --rate events/s of event time, cost per event minute by minute")
     parser.add_argument("--rate", type=int, default=7_500, help="with --growth: events per second of event time")
@@ -181,10 +222,11 @@ def main() -> None:
                   flush=True)
         return
     if args.one_key:
-        for row in one_key(args.one_key, args.hours):
-            print(f"one key at {args.one_key:g}/s, {row['event_time_s']:>6,} s of event time: "
-                  f"{row['events_held']:>7,} events held, {row['memory_mb']:6.1f} MB in memory, "
-                  f"{row['table_mb']:6.1f} MB in its table, {row['us_per_event']:5.1f} us per event")
+        for row in one_key(args.one_key, args.hours, tiled=args.tiled):
+            print(f"one key at {args.one_key:g}/s{' (tiled)' if args.tiled else ''}, {row['event_time_s']:>6,} s "
+                  f"of event time: {row['events_held']:>7,} events held raw, {row['events_tiled']:>7,} tiled, "
+                  f"{row['memory_mb']:6.1f} MB in memory, {row['table_mb']:6.1f} MB in its table, "
+                  f"{row['reads']:>5,} read back, {row['us_per_event']:5.1f} us per event")
         return
     if args.hot:
         cold_us, cold_held = per_event_us(10, 20_000)

@@ -27,9 +27,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 
-from tables.features import DEFAULT_SPEC, FeatureSpec, KeyState, Watermark, memory_bytes, new_state
-from tables.key_store import Packed, Stored, events_held, held_of
+from tables.features import DEFAULT_SPEC, FeatureSpec, KeyState, Watermark, memory_bytes, new_state, state_bytes
+from tables.key_store import Packed, Stored, cut_below, events_held, held_of
 from tables.spec import layout_change
+from tables.tiles import Events
 
 __all__ = ["StateCache", "StateLayoutError"]
 
@@ -40,6 +41,8 @@ LoadState = Callable[[str], tuple[KeyState, Stored] | None]
 TRIM_STEP_KEYS = 2_048  # the most clean states one trim drops (it runs after every flush)
 LoadStates = Callable[[list[str]], list[tuple[KeyState, Stored] | None]]  # several keys, batched reads
 StoreState = Callable[[str, KeyState, Stored, set[int]], int]
+# Reads back a key's events with lo <= ts < hi from its sealed chunks (what the table holds of it: Stored.packed)
+ReadEvents = Callable[[str, Packed, int, int], Events]
 
 
 class StateLayoutError(RuntimeError):
@@ -65,9 +68,11 @@ class StateCache:
         spec: FeatureSpec = DEFAULT_SPEC,
         load_layout: Callable[[], str | None] | None = None,
         store_layout: Callable[[str], None] | None = None,
+        read_events: ReadEvents | None = None,
     ) -> None:
         """``on_load(seconds)`` is told how long each key read from the table took (a miss; a batched
-        read's time is shared among its keys)."""
+        read's time is shared among its keys). With ``read_events``, a hot key tiles the events below its raw
+        band (``tables.tiles``), reading them back from its chunks in the table as its windows' edges pass."""
         self._load_state = load_state
         self._load_states = load_states
         self._store_state = store_state
@@ -78,7 +83,10 @@ class StateCache:
         self._max_clean_bytes = max_clean_bytes
         self._states: dict[int, dict[str, KeyState]] = {}
         self._stored: dict[int, dict[str, Packed]] = {}  # what the table holds of each (Stored.packed)
-        self._indexed: dict[int, set[str]] = {}  # keys counted with a window index (memory_bytes), by partition
+        # keys counted with a window index, by partition: the memory each was counted with (state_bytes)
+        self._indexed: dict[int, dict[str, int]] = {}
+        self._read_events = read_events
+        self._settling: list[_KeyStore] = []  # hot keys written since the last trim()
         self._dirty: dict[int, dict[str, set[int]]] = {}  # partition -> key -> times of the events applied
         self._watermarks: dict[int, Watermark] = {}
         self._dirty_watermarks: set[int] = set()
@@ -259,19 +267,24 @@ class StateCache:
                     writes += self._store_state(key, state, written, touched)
                     stored[key] = written.packed()
                     self.last_events_held += written.held - held
-                    self.last_bytes_held += self._recount(partition, key, state, held, written.held)
+                    self.last_bytes_held += self._recount(partition, key, state, held)
+                    if self._read_events is not None and state.index is not None:  # hot: it may tile
+                        store = state.store
+                        if not isinstance(store, _KeyStore):
+                            store = state.store = _KeyStore(self, partition, key)
+                        store.wrote(min(touched, default=None), written.tail)
+                        self._settling.append(store)
         return writes
 
-    def _recount(self, partition: int, key: str, state: KeyState, was_held: int, held: int) -> int:
-        """How much more memory a written key is counted with: its events, and its window index if it has one."""
-        indexed = self._indexed.setdefault(partition, set())
-        was_indexed, now_indexed = key in indexed, state.index is not None
-        if now_indexed != was_indexed:
-            if now_indexed:
-                indexed.add(key)
-            else:
-                indexed.discard(key)
-        return memory_bytes(held, now_indexed) - memory_bytes(was_held, was_indexed)
+    def _recount(self, partition: int, key: str, state: KeyState, was_held: int) -> int:
+        """How much more memory a written key is counted with: its events, and its window index and tiles if it
+        has them."""
+        indexed = self._indexed.setdefault(partition, {})
+        was = indexed.pop(key, None)
+        now = state_bytes(state)
+        if state.index is not None or state.tiles is not None:
+            indexed[key] = now
+        return now - (memory_bytes(was_held) if was is None else was)
 
     def _write_watermark(self, partition: int) -> int:
         written = 0
@@ -309,6 +322,9 @@ class StateCache:
         each held at its last write or load); a dropped state is read back from the table when its
         key comes again.
         """
+        for store in self._settling:  # what the keys' writes hold is in the table now
+            store.settled()
+        self._settling.clear()
         held = self.last_bytes_held  # counted as states are loaded, written and dropped: no walk over all
         if held <= self._max_clean_bytes:
             return
@@ -324,7 +340,7 @@ class StateCache:
         for partition in partitions[turn:] + partitions[:turn]:
             cached = self._states[partition]
             dirty, stored = self._dirty.get(partition, {}), self._stored.get(partition, {})
-            indexed = self._indexed.get(partition, set())
+            indexed = self._indexed.get(partition, {})
             victims: list[str] = []
             for key in cached:
                 if held <= goal or len(victims) >= budget:
@@ -332,11 +348,12 @@ class StateCache:
                 if key not in dirty:  # clean: it holds what was last written (or loaded)
                     victims.append(key)
                     events -= held_of(stored[key])
-                    held -= memory_bytes(held_of(stored[key]), key in indexed)
+                    counted = indexed.get(key)
+                    held -= memory_bytes(held_of(stored[key])) if counted is None else counted
             for key in victims:
                 del cached[key]
                 stored.pop(key, None)
-                indexed.discard(key)
+                indexed.pop(key, None)
             if self._prefetched:
                 self._prefetched.difference_update((partition, key) for key in victims)
             self.last_events_held, self.last_bytes_held = events, held
@@ -357,6 +374,7 @@ class StateCache:
         self._states.clear()
         self._stored.clear()
         self._indexed.clear()
+        self._settling.clear()
         self._dirty.clear()
         self._watermarks.clear()
         self._dirty_watermarks.clear()
@@ -368,3 +386,49 @@ class StateCache:
     def dirty_keys(self) -> int:
         """How many key states wait for the next flush."""
         return sum(len(ids) for ids in self._dirty.values())
+
+
+class _KeyStore:
+    """A hot key's events as its table holds them (``tables.tiles.Store``): read back from its sealed chunks,
+    and cut below every event the table may not hold yet: at or below the tail of its last write that reached
+    the table, and below the events applied since (touched, or written and not yet in the table)."""
+
+    __slots__ = ("cache", "durable_tail", "key", "partition", "unwritten_low", "written_low", "written_tail")
+
+    def __init__(self, cache: StateCache, partition: int, key: str) -> None:
+        self.cache, self.partition, self.key = cache, partition, key
+        self.durable_tail: int | None = None  # the tail of the key's last write that reached the table
+        self.written_tail: int | None = None  # ... of its last write
+        self.unwritten_low: int | None = None  # the lowest time applied since the key's last write
+        self.written_low: int | None = None  # ... and written since the last trim()
+
+    def applied(self, ts: int) -> None:
+        if self.unwritten_low is None or ts < self.unwritten_low:
+            self.unwritten_low = ts  # not in the table until its write has reached it
+
+    def wrote(self, touched_low: int | None, tail: int | None) -> None:
+        """The key was written (its events applied since its last write: from ``touched_low``, or from when the
+        cache made this store), not yet in the table."""
+        for low in (touched_low, self.unwritten_low):
+            if low is not None and (self.written_low is None or low < self.written_low):
+                self.written_low = low
+        self.unwritten_low, self.written_tail = None, tail
+
+    def settled(self) -> None:
+        """What the key's writes hold is in the table now (the cache's trim())."""
+        self.durable_tail, self.written_low = self.written_tail, None
+
+    def cut(self, below: int) -> int | None:
+        stored = self.cache._stored.get(self.partition, {}).get(self.key)
+        if stored is None or self.durable_tail is None:
+            return None
+        for low in (self.unwritten_low, self.written_low):
+            if low is not None:
+                below = min(below, low)
+        return cut_below(stored, self.durable_tail, below)
+
+    def read(self, lo: int, hi: int) -> Events:
+        cache = self.cache
+        assert cache._read_events is not None
+        with cache._scope(self.partition):
+            return cache._read_events(self.key, cache._stored[self.partition][self.key], lo, hi)

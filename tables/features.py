@@ -75,13 +75,13 @@ from typing import Any
 
 from specs import EXAMPLE_SPEC
 from tables.spec import FeatureSpec, feature_set_version, load_spec
-from tables.tiles import Layout, Loader, Tiles
+from tables.tiles import Layout, Store, Tiles
 
 __all__ = [
     "DEFAULT_SPEC", "HOT_EVENTS", "INDEX_AFTER", "SPILL_EVENTS", "TILES_PER_WINDOW", "Applied", "IdColumn", "KeyState",
     "FeatureSpec", "Watermark", "apply_event",
     "as_lists", "as_plain", "compact", "event_ids", "feature_set_version", "has_event",
-    "latest_features", "memory_bytes", "new_state", "replayable", "upgrade_state",
+    "latest_features", "materialized", "memory_bytes", "new_state", "replayable", "state_bytes", "upgrade_state",
 ]
 
 # A key holding this many events may get a _WindowIndex. Below it slices cost less than twice the index (one
@@ -229,16 +229,13 @@ class KeyState(dict[str, Any]):
     them; two states are equal when they hold the same values, whichever.
     """
 
-    __slots__ = ("index", "loader", "sliced", "spill_below", "tiles")
+    __slots__ = ("index", "sliced", "store", "tiles")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.index: _WindowIndex | None = None
         self.sliced = 0  # events scored by slices while the key held HOT_EVENTS or more (see INDEX_AFTER)
-        # Where the key's store reads its events back, so that a hot key may tile them (tables.tiles), and the
-        # time below which it holds every event the key has applied (None: all of them)
-        self.loader: Loader | None = None
-        self.spill_below: int | None = None
+        self.store: Store | None = None  # where its events are held whole: a hot key may then tile (tables.tiles)
         self.tiles: Tiles | None = None  # the key's events below its raw band, when tiled: not in the columns
 
     def __eq__(self, other: object) -> bool:
@@ -383,10 +380,12 @@ def apply_event(
     ids: Sequence[str] = state["id"]
     if event_id in (ids if index is None else index.ids):
         if tiled:  # its windows may reach below the raw band, where only arrival order tells what counts
-            whole = _materialized(state)
+            whole = materialized(state)
             return Applied(_replayed_features(whole, whole["id"].index(event_id), plan), True)
         return Applied(_replayed_features(state, ids.index(event_id), plan), True)
     state["n"] += 1
+    if type(state) is KeyState and state.store is not None:
+        state.store.applied(ts_ms)
     times: Sequence[int] = state["ts"]
     pos = bisect_right(times, ts_ms)
     if not isinstance(times, list):  # compact (see compact): arrays and lists, each takes the event in place
@@ -412,7 +411,7 @@ def apply_event(
     pos = _evict(state, pos, times[-1] - allowed_lateness_ms - spec.replay_allowance_ms - spec.max_window_ms, index)
     if index is None or state.index is None:
         return Applied(plan.sliced(state, pos), False)
-    if state.loader is not None:
+    if state.store is not None:
         pos = _spill(state, pos, times[-1] - allowed_lateness_ms - spec.replay_allowance_ms, index, plan)
         times = state["ts"]
     index.stamp = (state["n"], len(times))
@@ -427,12 +426,21 @@ def memory_bytes(events_held: int, indexed: bool = False) -> int:
     return KEY_BYTES + events_held * (EVENT_BYTES + INDEXED_EVENT_BYTES if indexed else EVENT_BYTES)
 
 
+def state_bytes(state: KeyState) -> int:
+    """About how much memory ``state`` takes now: its raw events, with its window index if it has one, and its
+    tiles (what the cache is sized in)."""
+    if type(state) is not KeyState:
+        return memory_bytes(len(state["ts"]))
+    tiles = state.tiles
+    return memory_bytes(len(state["ts"]), state.index is not None) + (0 if tiles is None else tiles.memory_bytes())
+
+
 def latest_features(state: KeyState, spec: FeatureSpec = DEFAULT_SPEC) -> tuple[str, tuple[float, ...]] | None:
     """The id and features of the key's most recently applied event still in state, if any."""
     if not state["seq"]:
         return None
     if isinstance(state, KeyState) and state.tiles is not None:
-        state = _materialized(state)
+        state = materialized(state)
     index = max(range(len(state["seq"])), key=state["seq"].__getitem__)
     return state["id"][index], _replayed_features(state, index, _plan_of(spec))
 
@@ -611,20 +619,22 @@ def _evict(state: KeyState, pos: int, cutoff: int, index: _WindowIndex | None) -
 
 
 def _spill(state: KeyState, pos: int, band: int, index: _WindowIndex, plan: _Plan) -> int:
-    """Tile the events below ``band`` (the raw band's lower edge, under what the store is known to hold) once
+    """Tile the events below ``band`` (the raw band's lower edge), from where the key's store can cut, once
     enough are due; return the new index of the event at ``pos``."""
-    if state.spill_below is not None:
-        band = min(band, state.spill_below)
     times: Sequence[int] = state["ts"]
-    count = bisect_left(times, band)
-    if count < SPILL_EVENTS or count <= len(times) >> 5 or pos < count:
+    if bisect_left(times, band) < SPILL_EVENTS:
+        return pos
+    store = state.store
+    assert store is not None
+    cut = store.cut(band)
+    count = 0 if cut is None else bisect_left(times, cut)
+    if cut is None or count < SPILL_EVENTS or count <= len(times) >> 5 or pos < count:
         return pos
     tiles = state.tiles
     if tiles is None:
-        assert state.loader is not None
-        tiles = state.tiles = Tiles(max(1, plan.spec.max_window_ms // TILES_PER_WINDOW), plan.layout, state.loader)
+        tiles = state.tiles = Tiles(max(1, plan.spec.max_window_ms // TILES_PER_WINDOW), plan.layout, store.read)
     columns = state["values"]
-    tiles.spill(times[:count], state["seq"][:count], [column[:count] for column in columns], band)
+    tiles.spill(times[:count], state["seq"][:count], [column[:count] for column in columns], cut)
     index.evict(state, count)
     for name in _COLUMNS:
         state[name] = _dropped(state[name], count)
@@ -632,8 +642,9 @@ def _spill(state: KeyState, pos: int, band: int, index: _WindowIndex, plan: _Pla
     return pos - count
 
 
-def _materialized(state: KeyState) -> KeyState:
-    """A tiled key's state with every event raw, its tiled ones read back from its store (a copy)."""
+def materialized(state: KeyState) -> KeyState:
+    """A tiled key's state with every event raw, its tiled ones read back from its store (a copy; a key's page
+    and a redelivery reaching below its raw band read it)."""
     tiles = state.tiles
     assert tiles is not None
     whole = KeyState(n=state["n"], prev=state["prev"], pv=state["pv"], ts=list(state["ts"]), id=list(state["id"]),
@@ -650,7 +661,7 @@ def _materialized(state: KeyState) -> KeyState:
 
 def _untile(state: KeyState) -> None:
     """Hold every event of a tiled key raw again (its window index is rebuilt at its next event)."""
-    whole = _materialized(state)
+    whole = materialized(state)
     for name in ("ts", "id", "seq", "values"):
         state[name] = whole[name]
     state.tiles = state.index = None
@@ -1075,8 +1086,7 @@ class _Distinct:
             self.counts[value] = self.counts.get(value, 0) + 1
         tiles = state.tiles
         if tiles is not None and self.anchor - window_ms + 1 < tiles.top:
-            for value, count in tiles.counts_between(column, self.anchor - window_ms, tiles.top - 1).items():
-                self.counts[value] = self.counts.get(value, 0) + count
+            tiles.count_values(column, self.anchor - window_ms, tiles.top - 1, self.counts)
 
     def insert(self, state: KeyState, pos: int) -> None:
         """Take in the event just inserted at ``pos``."""
@@ -1093,14 +1103,8 @@ class _Distinct:
                     del counts[value]
             tiles = state.tiles
             if tiles is not None and self.anchor - self.window_ms + 1 < tiles.top:  # ... and what is tiled of it
-                gone = tiles.counts_between(self.column, self.anchor - self.window_ms,
-                                            min(ts_ms - self.window_ms, tiles.top - 1))
-                for value, count in gone.items():
-                    left = counts[value] - count
-                    if left:
-                        counts[value] = left
-                    else:
-                        del counts[value]
+                tiles.count_values(self.column, self.anchor - self.window_ms,
+                                   min(ts_ms - self.window_ms, tiles.top - 1), counts, -1)
             self.anchor = ts_ms
         if ts_ms > self.anchor - self.window_ms:
             counts[values[pos]] = counts.get(values[pos], 0) + 1
@@ -1117,7 +1121,9 @@ class _Distinct:
         if start > pos + 1 or (len(times) - 1 - pos) + (start - lo) > pos + 1 - lo:
             if tiled:
                 assert tiles is not None
-                return len(set(values[lo:pos + 1]).union(tiles.counts_between(self.column, lower, tiles.top - 1)))
+                below: dict[Any, int] = {}
+                tiles.count_values(self.column, lower, tiles.top - 1, below)
+                return len(set(values[lo:pos + 1]).union(below))
             return len(set(values[lo:pos + 1]))
         # Its window is the anchored one without the events after it and with those before the anchored start.
         delta: dict[Any, int] = {}
@@ -1127,9 +1133,7 @@ class _Distinct:
             delta[value] = delta.get(value, 0) + 1
         if tiled:
             assert tiles is not None
-            between = tiles.counts_between(self.column, lower, min(self.anchor - self.window_ms, tiles.top - 1))
-            for value, count in between.items():
-                delta[value] = delta.get(value, 0) + count
+            tiles.count_values(self.column, lower, min(self.anchor - self.window_ms, tiles.top - 1), delta)
         counts = self.counts
         distinct = len(counts)
         for value, change in delta.items():

@@ -52,9 +52,10 @@ from typing import Any
 import orjson
 
 from tables.features import KeyState, compact, new_state, upgrade_state
+from tables.tiles import Events
 
 __all__ = ["CHUNK_EVENTS", "Packed", "Stored", "held_of",
-           "chunk_key", "changes", "decode", "decode_many", "events_held", "stored_key"]
+           "chunk_key", "changes", "cut_below", "decode", "decode_many", "events_between", "events_held", "stored_key"]
 
 CHUNK_EVENTS = 32
 _SEPARATOR = b"\x00"  # a stored key has none alone (stored_key doubles them)
@@ -188,6 +189,7 @@ def changes(state_key: bytes, state: KeyState, stored: Stored, touched: Iterable
     ``touched`` are the event times of the events applied since the last write.
     """
     times: list[int] = state["ts"]
+    tiles = state.tiles if type(state) is KeyState else None
     gone: list[bytes] = []
     if stored.legacy is not None:  # rewrite everything: it starts in the tail and is sealed below
         gone += stored.legacy
@@ -201,8 +203,19 @@ def changes(state_key: bytes, state: KeyState, stored: Stored, touched: Iterable
         # writes its header every write interval (when every flush walked them all, a key at 100 events/s
         # cost 5 ms per flush after an hour of event time).
         emptied = []
+        # A tiled key's chunks below its raw band hold its tiled events (tables.tiles), which it reads back from
+        # them: none takes an event (the key cut its tiles at a chunk's start), and a chunk whose events are
+        # all evicted is deleted; one the eviction cut into stays as it is (the key evicts those events again
+        # if it is read back whole).
+        cold = 0 if tiles is None else bisect_left(chunks, tiles.top, key=_start)
         for index in sorted(_changed_chunks(chunks, tail_start, stored, state, touched)):
             chunk = chunks[index]
+            if index < cold:
+                end = chunks[index + 1][1] if index + 1 < len(chunks) else tail_start
+                if state["prev"] is not None and end <= state["prev"] + 1:
+                    gone.append(chunk_key(state_key, chunk[0]))
+                    emptied.append(index)
+                continue
             lo = 0 if index == 0 else bisect_left(times, chunk[1])
             hi = bisect_left(times, chunks[index + 1][1] if index + 1 < len(chunks) else tail_start)
             if lo == hi:
@@ -224,7 +237,7 @@ def changes(state_key: bytes, state: KeyState, stored: Stored, touched: Iterable
         stored.next_chunk += 1
         tail = times[cut] if cut < len(times) else times[-1] + 1
         lo = cut
-    stored.tail, stored.n, stored.held = tail, state["n"], len(times)
+    stored.tail, stored.n, stored.held = tail, state["n"], events_held(state)
     header = {"v": 3, "n": state["n"], "prev": state["prev"], "c": _runs(chunks), "t": tail, "k": stored.next_chunk,
               "e": _columns(state, lo, len(times))}
     if state["pv"] is not None:
@@ -239,7 +252,7 @@ def _changed_chunks(chunks: list[Chunk], tail: int, stored: Stored, state: KeySt
                     touched: Iterable[int]) -> set[int]:
     """The sealed chunks that received events or lost some to eviction since the last write."""
     rewrite = {max(bisect_right(chunks, ts, key=_start) - 1, 0) for ts in touched if ts < tail}
-    if len(state["ts"]) < stored.held + (state["n"] - stored.n):
+    if events_held(state) < stored.held + (state["n"] - stored.n):
         # Eviction removes the oldest events, at or below "prev" (and at most one older event
         # replayed into the first chunk): the first chunk and those starting at or below "prev".
         prev = state["prev"]
@@ -279,5 +292,41 @@ def _encode(state: KeyState, lo: int, hi: int) -> bytes:
 
 
 def events_held(state: KeyState) -> int:
-    """How many events a key's state holds (what its memory grows with)."""
-    return len(state["ts"])
+    """How many events a key's state holds, raw and tiled."""
+    tiles = state.tiles if type(state) is KeyState else None
+    return len(state["ts"]) + (0 if tiles is None else len(tiles))
+
+
+def cut_below(stored: Packed, durable_tail: int, below: int) -> int | None:
+    """The highest time at or below ``below`` (and ``durable_tail``, where the chunks the table is known to hold
+    end) at which one of a key's sealed chunks starts or they end: where it may cut its tiles."""
+    chunks, limit = stored[0], min(below, durable_tail)
+    if limit == durable_tail:
+        return limit
+    at = bisect_right(chunks, limit, key=_start)
+    return chunks[at - 1][1] if at else None
+
+
+def events_between(state_key: bytes, stored: Packed, lo: int, hi: int,
+                   get_many: Callable[[list[bytes]], list[bytes | None]]) -> Events:
+    """A key's events with ``lo <= ts < hi``, read back from its sealed chunks (all below its tail)."""
+    chunks, tail = stored[0], stored[1]
+    assert tail is not None and hi <= tail, "read back from sealed chunks only"
+    first, last = max(bisect_right(chunks, lo, key=_start) - 1, 0), bisect_left(chunks, hi, key=_start)
+    ts: list[int] = []
+    seq: list[int] = []
+    ids: list[str] = []
+    values: list[list[Any]] = []
+    for value in get_many([chunk_key(state_key, number) for number, _, _ in chunks[first:last]]):
+        if value is None:
+            raise RuntimeError(f"a sealed chunk of key {state_key!r} is missing from its table")
+        columns = orjson.loads(value)
+        start, end = bisect_left(columns[0], lo), bisect_left(columns[0], hi)
+        ts += columns[0][start:end]
+        seq += columns[-1][start:end]
+        ids += columns[-2][start:end]
+        if not values:
+            values = [[] for _ in columns[1:-2]]
+        for held, column in zip(values, columns[1:-2], strict=True):
+            held += map(sys.intern, column[start:end]) if column and isinstance(column[0], str) else column[start:end]
+    return Events(ts, seq, ids, tuple(values))

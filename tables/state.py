@@ -16,7 +16,8 @@ import rocksdict
 
 from tables.faust_compat import raw_get, raw_get_many, rocksdb_partitions, share_rocksdb_memory
 from tables.features import KeyState
-from tables.key_store import Stored, changes, decode, decode_many, stored_key
+from tables.key_store import Packed, Stored, changes, decode, decode_many, events_between, stored_key
+from tables.tiles import Events
 
 __all__ = ["LAYOUT_KEY", "WATERMARK_KEY", "StateTables"]
 
@@ -86,6 +87,11 @@ class StateTables:
         """:meth:`load_state` for several keys of the current partition, in two batched reads."""
         table = self.state_table
         return decode_many([stored_key(key) for key in keys], lambda raw: raw_get_many(table, raw))
+
+    def read_events(self, key: str, stored: Packed, lo: int, hi: int) -> Events:
+        """A key's events with ``lo <= ts < hi`` from its sealed chunks in the current partition (a tiled key's)."""
+        table = self.state_table
+        return events_between(stored_key(key), stored, lo, hi, lambda raw: raw_get_many(table, raw))
 
     def store_state(self, key: str, state: KeyState, stored: Stored, touched: set[int]) -> int:
         """Write what changed in one key's state since ``stored`` (Faust table writes); return the records."""

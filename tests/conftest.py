@@ -32,15 +32,34 @@ def window_paths(request: pytest.FixtureRequest) -> Iterator[str]:
 
     Module-scoped, so hypothesis tests may use it; ``pytestmark = pytest.mark.usefixtures("window_paths")``.
     """
-    from tables import features
-
-    before = features.HOT_EVENTS, features.INDEX_AFTER
-    features.HOT_EVENTS = 1 if request.param == "indexed" else 1 << 62
-    features.INDEX_AFTER = 0
-    try:
+    with _paths(request.param):
         yield request.param
+
+
+@pytest.fixture(scope="module", params=["slices", "indexed", "tiled"])
+def state_paths(request: pytest.FixtureRequest) -> Iterator[str]:
+    """:func:`window_paths`, and a third time with every key tiled (``tables.tiles``) as soon as its state cache
+    has written it: sealed chunks of two events, tiles a fifth of the largest window wide, cut wherever one
+    event is due."""
+    with _paths(request.param):
+        yield request.param
+
+
+@contextmanager
+def _paths(path: str) -> Iterator[None]:
+    from tables import features, key_store
+
+    before = (features.HOT_EVENTS, features.INDEX_AFTER, features.SPILL_EVENTS, features.TILES_PER_WINDOW,
+              key_store.CHUNK_EVENTS)
+    features.HOT_EVENTS = 1 if path in ("indexed", "tiled") else 1 << 62
+    features.INDEX_AFTER = 0
+    if path == "tiled":
+        features.SPILL_EVENTS, features.TILES_PER_WINDOW, key_store.CHUNK_EVENTS = 1, 5, 2
+    try:
+        yield
     finally:
-        features.HOT_EVENTS, features.INDEX_AFTER = before
+        (features.HOT_EVENTS, features.INDEX_AFTER, features.SPILL_EVENTS, features.TILES_PER_WINDOW,
+         key_store.CHUNK_EVENTS) = before
 
 
 @contextmanager

@@ -25,11 +25,22 @@ from agents.model.boundary import ModelBoundary
 from agents.pipeline import Outputs, Pipeline, ScoringItem
 from app.synthetic import TransactionGenerator
 from tables.cache import StateCache
-from tables.features import DEFAULT_SPEC, KeyState, apply_event, has_event, memory_bytes, new_state, replayable
-from tables.key_store import Stored, changes, decode, decode_many
+from tables.features import (
+    DEFAULT_SPEC,
+    KeyState,
+    apply_event,
+    as_plain,
+    has_event,
+    materialized,
+    memory_bytes,
+    new_state,
+    replayable,
+)
+from tables.key_store import Packed, Stored, changes, decode, decode_many, events_between
+from tables.tiles import Events
 from tests.reference import Late, Scored, replay
 
-pytestmark = pytest.mark.usefixtures("window_paths")  # every test: sliced and indexed windows
+pytestmark = pytest.mark.usefixtures("state_paths")  # every test: sliced, indexed and tiled windows
 
 T = 1_764_500_000_000  # an arbitrary epoch-ms origin
 S = 1_000  # one second in ms
@@ -117,6 +128,11 @@ class Tables:
                 self.cards[(self._partition(), key)] = value
         return len(writes)
 
+    def read_events(self, card_id: str, stored: Packed, lo: int, hi: int) -> Events:
+        partition = self._partition()
+        return events_between(card_id.encode(), stored, lo, hi, lambda keys: [self.cards.get((partition, key))
+                                                                              for key in keys])
+
     def load_watermark(self) -> int | None:
         return self.watermarks.get(self._partition())
 
@@ -126,7 +142,7 @@ class Tables:
     def new_cache(self, max_clean_cards: int = 100_000) -> StateCache:
         """A fresh StateCache over these tables: what a restarted worker builds after restoring them."""
         return StateCache(load_state=self.load_state, load_states=self.load_states, store_state=self.store_state,
-                          load_watermark=self.load_watermark,
+                          load_watermark=self.load_watermark, read_events=self.read_events,
                           store_watermark=self.store_watermark, scope=self.scope, allowed_lateness_ms=LATENESS_MS,
                           max_clean_bytes=max_clean_cards * memory_bytes(0))  # about that many cards
 
@@ -172,7 +188,7 @@ class Worker:
             with self.tables.scope(partition):
                 loaded = self.tables.load_state(card_id)
                 stored = loaded[0] if loaded is not None else new_state()  # a card with only late events
-            assert stored == (self.cache.peek(partition, card_id) or new_state()), f"unflushed {card_id}"
+            assert as_stored(stored, self.cache.peek(partition, card_id)), f"unflushed {card_id}"
         for partition in {p for p, _ in self.seen}:
             assert self.tables.watermarks.get(partition) == self.cache.watermark(partition).max_ts
 
@@ -183,6 +199,21 @@ class Worker:
             self.cache.forget()
         else:
             self.cache = self.tables.new_cache(self.max_clean_cards)
+
+
+def as_stored(stored: KeyState, cached: KeyState | None) -> bool:
+    """Whether the table holds what the cache holds: a tiled key's events read back whole, and a chunk the
+    eviction cut into holding a few evicted events besides (at or below ``prev``)."""
+    if cached is None:
+        return stored == new_state()
+    if cached.tiles is None:
+        return stored == cached
+    whole = materialized(cached)
+    kept = [i for i, ts in enumerate(stored["ts"]) if stored["prev"] is None or ts > stored["prev"]]
+    trimmed = {**as_plain(stored), "ts": [stored["ts"][i] for i in kept], "id": [stored["id"][i] for i in kept],
+               "seq": [stored["seq"][i] for i in kept], "values": [[column[i] for i in kept]
+                                                                  for column in stored["values"]]}
+    return trimmed == as_plain(whole)
 
 
 def close(actual: float, expected: float) -> bool:
