@@ -62,6 +62,15 @@ that ends at the key's highest time. A new event's windows then cost a bisection
 a staircase lookup each, and its distinct counts are those anchored counts corrected by the events
 between the two windows' edges: work that grows with how far out of order it arrived, not with the
 window. The index changes no result: the reference tests run with every key hot and with none.
+
+Tiled keys. A hot key whose store can read its events back (``KeyState.store``: the state cache's, over its
+table's sealed chunks) keeps only its *raw band* in its columns: the events at or above its newest time minus
+the allowed lateness and the replay allowance, where every fresh event, out-of-order neighbour and replayable
+redelivery lies. Those below it go into time tiles (:mod:`tables.tiles`) once the store holds them, and a
+window that reaches below the band adds the tiles above its lower edge, and the events above the edge in the
+edge's tile, read back from the store (:func:`_tiled_features`). A redelivery reaching below the band and a
+key's page read the tiles back whole (:func:`materialized`); an event below the band (a lost watermark) makes
+the key hold every event raw again. The reference tests run a third time with every key tiled.
 """
 
 from __future__ import annotations
