@@ -79,12 +79,13 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from math import fsum, sqrt
 from typing import Any
 
 from specs import EXAMPLE_SPEC
 from tables.spec import FeatureSpec, feature_set_version, load_spec
-from tables.tiles import Layout, Store, Tiles
+from tables.tiles import Layout, Store, Tiles, fraction_bits, scaled
 
 __all__ = [
     "DEFAULT_SPEC", "HOT_EVENTS", "INDEX_AFTER", "SPILL_EVENTS", "TILES_PER_WINDOW", "Applied", "IdColumn", "KeyState",
@@ -879,9 +880,10 @@ def _tiled_features(state: KeyState, pos: int, index: _WindowIndex, tiles: Tiles
                     if sums.squares is not None:
                         squares = (squares << 2 * (both - bits)) + (part.squares[col] << 2 * (both - part.bits))
                     bits = both
-                mean = total / (1 << bits) / count
+                rounded = total / (1 << bits)  # the exact sum, rounded once
+                mean = rounded / count
                 for slot in aggregate.sums:
-                    out[slot] = total / (1 << bits)
+                    out[slot] = rounded
                 for slot in aggregate.means:
                     out[slot] = mean
                 for slot in aggregate.ratios:
@@ -922,11 +924,6 @@ def _variance(values: list[float]) -> float:
     scaled = [numerator << (bits - denominator.bit_length() + 1) for numerator, denominator in ratios]
     count, total = len(scaled), sum(scaled)
     return (count * sum(x * x for x in scaled) - total * total) / ((count * count) << (2 * bits))
-
-
-def _fraction_bits(value: float) -> int:
-    """The binary digits after the point that ``value`` needs to be held exactly."""
-    return value.as_integer_ratio()[1].bit_length() - 1
 
 
 class _WindowIndex:
@@ -986,19 +983,11 @@ class _Sums:
     __slots__ = ("bits", "squares", "sums", "unit")
 
     def __init__(self, values: list[float], squares: bool) -> None:
-        self.bits = max(map(_fraction_bits, values), default=0)
+        self.bits = fraction_bits(values)
         self.unit = 1 << self.bits
-        self.sums = sums = [0]
-        self.squares: list[int] | None = [0] if squares else None
-        total = square_total = 0
-        for value in values:
-            numerator, denominator = value.as_integer_ratio()
-            scaled = numerator << (self.bits - denominator.bit_length() + 1)
-            total += scaled
-            sums.append(total)
-            if self.squares is not None:
-                square_total += scaled * scaled
-                self.squares.append(square_total)
+        held = scaled(values, self.bits)
+        self.sums = list(accumulate(held, initial=0))
+        self.squares: list[int] | None = list(accumulate((x * x for x in held), initial=0)) if squares else None
 
     def insert(self, pos: int, value: float) -> None:
         numerator, denominator = value.as_integer_ratio()

@@ -177,10 +177,15 @@ def _extend(state: KeyState, value: bytes | None) -> bool:
 def _extend_columns(state: KeyState, columns: list[list[Any]]) -> None:
     state["ts"].extend(columns[0])
     for held, values in zip(state["values"], columns[1:-2], strict=True):
-        # Strings as decoded events have them: one object per value (a merchant, a country) however often it repeats.
-        held.extend(map(sys.intern, values) if values and isinstance(values[0], str) else values)
+        held.extend(_interned(values))
     state["id"].extend(columns[-2])
     state["seq"].extend(columns[-1])
+
+
+def _interned(values: list[Any]) -> Iterable[Any]:
+    """A decoded value column as a state holds it: strings as one object per value (a merchant, a country)
+    however often it repeats."""
+    return map(sys.intern, values) if values and isinstance(values[0], str) else values
 
 
 def changes(state_key: bytes, state: KeyState, stored: Stored, touched: Iterable[int]) -> list[Write]:
@@ -328,5 +333,5 @@ def events_between(state_key: bytes, stored: Packed, lo: int, hi: int,
         if not values:
             values = [[] for _ in columns[1:-2]]
         for held, column in zip(values, columns[1:-2], strict=True):
-            held += map(sys.intern, column[start:end]) if column and isinstance(column[0], str) else column[start:end]
+            held += _interned(column[start:end])
     return Events(ts, seq, ids, tuple(values))

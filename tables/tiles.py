@@ -29,9 +29,10 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Protocol
 
-__all__ = ["EDGE_TILES", "Events", "Layout", "Loader", "Part", "Raw", "Store", "Tiles"]
+__all__ = ["EDGE_TILES", "Events", "Layout", "Loader", "Part", "Raw", "Store", "Tiles", "fraction_bits", "scaled"]
 
 # What tiles cost in memory (tables.features.state_bytes): a tile with its prefix sums and extremes, one value
 # count of a distinct column, one event read back with its suffix sums and extremes. Measured with tracemalloc
@@ -103,7 +104,7 @@ class Part:
     minima: dict[int, Any]
 
 
-def _scaled(values: Sequence[Any], bits: int) -> list[int]:
+def scaled(values: Sequence[Any], bits: int) -> list[int]:
     """``values`` as integers in units of ``2 ** -bits`` (exact: ``bits`` is at least what each needs)."""
     out = []
     for value in values:
@@ -112,9 +113,14 @@ def _scaled(values: Sequence[Any], bits: int) -> list[int]:
     return out
 
 
-def _bits_of(values: Sequence[Any]) -> int:
-    """The binary digits after the point that the most exacting of ``values`` needs."""
+def fraction_bits(values: Sequence[Any]) -> int:
+    """The binary digits after the point that the most exacting of ``values`` needs to be held exactly."""
     return max((value.as_integer_ratio()[1].bit_length() - 1 for value in values), default=0)
+
+
+def _suffix_sums(values: list[int]) -> list[int]:
+    """``out[j]`` is ``sum(values[j:])``, and ``out[len(values)]`` is 0."""
+    return list(accumulate(reversed(values), initial=0))[::-1]
 
 
 def _suffix_extremes(values: Sequence[Any], sign: float) -> list[Any]:
@@ -136,22 +142,14 @@ class Raw:
 
     def __init__(self, events: Events, layout: Layout) -> None:
         self.events = events
-        self.bits = max((_bits_of(events.values[col]) for col in layout.summed), default=0)
+        self.bits = max((fraction_bits(events.values[col]) for col in layout.summed), default=0)
         self.sums: dict[int, list[int]] = {}
         self.squares: dict[int, list[int]] = {}
         for col in layout.summed:
-            scaled = _scaled(events.values[col], self.bits)
-            sums, total = [0] * (len(scaled) + 1), 0
-            for j in range(len(scaled) - 1, -1, -1):
-                total += scaled[j]
-                sums[j] = total
-            self.sums[col] = sums
+            held = scaled(events.values[col], self.bits)
+            self.sums[col] = _suffix_sums(held)
             if col in layout.squared:
-                squares, total = [0] * (len(scaled) + 1), 0
-                for j in range(len(scaled) - 1, -1, -1):
-                    total += scaled[j] * scaled[j]
-                    squares[j] = total
-                self.squares[col] = squares
+                self.squares[col] = _suffix_sums([x * x for x in held])
         self.maxima = {col: _suffix_extremes(events.values[col], 1.0) for col in layout.maxima}
         self.minima = {col: _suffix_extremes(events.values[col], -1.0) for col in layout.minima}
 
@@ -220,7 +218,7 @@ class Tiles:
             self.newest.append((ts[0], seq[0], ()))
         self.raw.pop(number, None)  # read back before it took these: read it again when needed
         self.counts[-1] += len(ts)
-        bits = max((_bits_of(values[col]) for col in self.layout.summed), default=0)
+        bits = max((fraction_bits(values[col]) for col in self.layout.summed), default=0)
         if bits > self.bits:
             shift = bits - self.bits
             for col in self.sums:
@@ -229,10 +227,10 @@ class Tiles:
                 self.squares[col] = [total << (2 * shift) for total in self.squares[col]]
             self.bits = bits
         for col, sums in self.sums.items():
-            scaled = _scaled(values[col], self.bits)
-            sums[-1] += sum(scaled)
+            units = scaled(values[col], self.bits)
+            sums[-1] += sum(units)
             if col in self.squares:
-                self.squares[col][-1] += sum(x * x for x in scaled)
+                self.squares[col][-1] += sum(x * x for x in units)
         for col, extremes in self.maxima.items():
             high = max(values[col])
             if extremes[-1] is None or high > extremes[-1]:  # the earlier events come first and win ties
