@@ -453,11 +453,10 @@ class ScoringService(Service):
         restores = [Restore(tp.topic, tp.partition, max(0, (end or 0) - offsets.get(tp, -1)))
                     for tp, end in highwaters.items()] if in_recovery else []
         fetch_wait_ms = getattr(consumer, "fetch_wait_ms", None)  # batch ingestion's (not the plain Faust agent's)
-        fetched_ahead = getattr(consumer, "fetched_ahead", None)
         return Snapshot(topic, inputs, state, restores, rebalancing=bool(app.rebalancing),
                         cache_hits=pipeline.cache.hits, cache_misses=pipeline.cache.misses,
                         db_memory=self.tables.db_memory(), db_memory_limit=self.tables.db_memory_limit,
-                        fetch_wait_ms=fetch_wait_ms, fetched_ahead=fetched_ahead)
+                        fetch_wait_ms=fetch_wait_ms)
 
     async def before_shutdown(self) -> None:
         await self.guarantee.before_shutdown()
@@ -508,8 +507,7 @@ class BatchIngestion:
         # The commit protocol, both guarantees, every step in order: agents/commit/checkpoint.py.
         checkpoint = Checkpoint(app, scoring.guarantee, scoring)
         ingestion = ingest.install(app, checkpoint, fetch=ingest.FetchOptions(
-            settings.fetch_min_bytes, settings.fetch_max_wait_ms, busy_max_wait_ms=settings.fetch_max_wait_busy_ms,
-            ahead_records=settings.fetch_ahead_records))
+            settings.fetch_min_bytes, settings.fetch_max_wait_ms, busy_max_wait_ms=settings.fetch_max_wait_busy_ms))
 
         def hand_over() -> AbstractContextManager[None]:
             pipeline = scoring.pipeline

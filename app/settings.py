@@ -84,9 +84,6 @@ class Settings:
     fetch_min_bytes: int = 32 * 1024
     fetch_max_wait_ms: int = 10
     fetch_max_wait_busy_ms: int = 30
-    # Records taken from the fetcher as each fetch returns, so that the next fetch is on its way while a round
-    # runs (agents/ingest/read_ahead.py); 0: only when a round asks.
-    fetch_ahead_records: int = 2000
     # batch: per-partition lists beneath Faust's per-event path; stream: a plain Faust agent.
     ingest: str = "batch"
     # at_least_once: after a crash some outputs are produced again (consumers de-duplicate by id);
@@ -199,8 +196,6 @@ class Settings:
             raise SettingsError(f"SEAM_FETCH_MAX_WAIT_MS must be >= 0, got {self.fetch_max_wait_ms}")
         if self.fetch_max_wait_busy_ms < 0:
             raise SettingsError(f"SEAM_FETCH_MAX_WAIT_BUSY_MS must be >= 0, got {self.fetch_max_wait_busy_ms}")
-        if self.fetch_ahead_records < 0:
-            raise SettingsError(f"SEAM_FETCH_AHEAD_RECORDS must be >= 0, got {self.fetch_ahead_records}")
         if self.session_timeout_s < 1:
             raise SettingsError(f"SEAM_SESSION_TIMEOUT_S must be >= 1, got {self.session_timeout_s}")
         if self.topic_partitions < 1:

@@ -35,11 +35,7 @@ And here:
   ``_fetch_min_bytes`` and ``_fetch_max_wait_ms``, read by ``start()``, and its fetcher's
   ``_fetch_max_wait_ms`` and ``_fetch_min_bytes``, read for each fetch request (:func:`set_fetch_wait`);
 * ``AIOKafkaConsumerThread.getmany`` (replaced), its ``_fetch_records`` and ``thread_loop``, and aiokafka's
-  ``AIOKafkaConsumer._max_poll_records`` (:func:`on_consumer_thread`, :func:`thread_fetch`,
-  :func:`max_poll_records`, :func:`thread_seek`);
-* aiokafka's fetcher's ``_subscriptions`` (its subscription's assignment, ``state_value``, a state's
-  ``has_valid_position`` and ``position``: :func:`fetch_position`), and its ``seek_to`` and
-  ``request_offset_reset``, wrapped (:func:`watch_seeks`);
+  ``AIOKafkaConsumer._max_poll_records`` (:func:`fetch_records`);
 * the RocksDB store's ``_encode_key``, ``_encode_value``, ``_set``, ``_del``, ``_db_for_partition``
   (also read directly: one read per key instead of Faust's two), ``_dbs`` (the databases opened, for
   their size), ``use_rocksdict`` and ``set_persisted_offset``, and its ``rocksdb_options`` (replaced, so
@@ -56,9 +52,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from time import monotonic
-from typing import Any, TypeVar
+from typing import Any
 
 import rocksdict
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -73,12 +69,12 @@ from faust.types import TP
 
 __all__ = [
     "AIOKafkaConsumerThread", "FaustConsumer", "FaustTransport", "ack_lock", "commit_offsets", "current_event",
-    "drain_producer_buffer", "encode_key", "encode_value", "fetch_position", "fetcher_stopped", "group_distribution",
+    "drain_producer_buffer", "encode_key", "encode_value", "fetch_records", "fetcher_stopped", "group_distribution",
     "is_changelog",
-    "mark_restored", "mark_stream_progress", "max_poll_records", "on_consumer_thread",
+    "mark_restored", "mark_stream_progress",
     "persist_changelog_offset", "restore_state", "restoring", "raw_get", "raw_get_many", "rewind",
     "retry_coordinator_lookups", "rocksdb_partition", "set_fetch_wait", "share_rocksdb_memory", "store_writes",
-    "thread_fetch", "thread_seek", "tune_fetch", "uses_rocksdict", "watch_seeks", "without_spinner",
+    "tune_fetch", "uses_rocksdict", "without_spinner",
 ]
 
 logger = logging.getLogger(__name__)
@@ -87,7 +83,6 @@ FaustConsumer = faust_aiokafka.Consumer
 FaustTransport = faust_aiokafka.Transport
 AIOKafkaConsumerThread = faust_aiokafka.AIOKafkaConsumerThread
 current_event = _current_event
-T = TypeVar("T")
 
 
 def tune_fetch(consumer: Any, *, min_bytes: int, max_wait_ms: int, read_committed: bool) -> None:
@@ -109,77 +104,19 @@ def set_fetch_wait(thread: Any, max_wait_ms: int, min_bytes: int) -> None:
         fetcher._fetch_max_wait_ms, fetcher._fetch_min_bytes = max_wait_ms, min_bytes
 
 
-def on_consumer_thread(thread: Any, work: Coroutine[Any, Any, T]) -> Awaitable[T]:
-    """Run ``work`` on the consumer thread's loop; its result comes back the way mode's method queue sends it.
+async def fetch_records(thread: Any, active_partitions: set[TP] | None, timeout: float) -> Any:
+    """What Faust's ``getmany`` fetches, run on the consumer thread's loop without its method queue.
 
-    Faust's own calls go through that method queue, whose workers, on every call, start three tasks (the queue,
-    the thread stopping, the thread crashing), wait for the first and cancel the others: once per fetch round,
-    hundreds of times a second. Here the work is scheduled on that loop directly and answered by a thread-safe
-    callback on the caller's loop.
+    Faust's own call goes through mode's method queue, whose workers, on every call, start three tasks
+    (the queue, the thread stopping, the thread crashing), wait for the first and cancel the others:
+    once per fetch round, hundreds of times a second. Here the fetch (Faust's ``_fetch_records``, which
+    returns nothing while the flow is stopped) is scheduled on that loop directly, and its result comes
+    back the way the method queue sends it: a thread-safe callback on the caller's loop.
     """
-    return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, thread.thread_loop))
-
-
-def thread_fetch(thread: Any) -> Callable[[Collection[TP] | None, float, int], Awaitable[Any]]:
-    """What Faust's ``getmany`` fetches, as a callable for the consumer thread's loop: Faust's ``_fetch_records``
-    (records by partition; nothing while the flow is stopped) for ``(partitions, timeout, max_records)``."""
     consumer = thread._ensure_consumer()
-
-    def fetch(partitions: Collection[TP] | None, timeout: float, max_records: int) -> Awaitable[Any]:
-        return thread._fetch_records(consumer, partitions, timeout=timeout, max_records=max_records)  # type: ignore[no-any-return]
-
-    return fetch
-
-
-def max_poll_records(thread: Any) -> int:
-    """The most records Faust's ``getmany`` takes in one call (``broker_max_poll_records``)."""
-    return int(thread._ensure_consumer()._max_poll_records)
-
-
-def fetch_position(thread: Any) -> Callable[[Any], tuple[object, int] | None]:
-    """A partition's fetch state in the consumer's current assignment and its position, or None (unassigned,
-    no position, no active assignment): a new assignment has new states, so the state tells assignments apart."""
-    subscriptions = thread._ensure_consumer()._fetcher._subscriptions
-
-    def position(tp: Any) -> tuple[object, int] | None:
-        subscription = subscriptions.subscription
-        assignment = subscription.assignment if subscription is not None else None
-        if assignment is None or not assignment.active:
-            return None
-        state = assignment.state_value(tp)
-        if state is None or not state.has_valid_position:
-            return None
-        return state, state.position
-
-    return position
-
-
-def thread_seek(thread: Any) -> Callable[[Any, int], None]:
-    """The consumer's own ``seek(partition, offset)`` (aiokafka's, through its fetcher's ``seek_to``)."""
-    consumer = thread._ensure_consumer()
-
-    def seek(tp: Any, offset: int) -> None:
-        consumer.seek(tp, offset)
-
-    return seek
-
-
-def watch_seeks(thread: Any, sought: Callable[[Iterable[Any]], None]) -> None:
-    """Call ``sought(partitions)`` before every seek of the consumer's fetcher (a position set or a reset asked
-    for: every seek of aiokafka's consumer goes through one of the two), from whichever thread seeks."""
-    fetcher = thread._ensure_consumer()._fetcher
-    seek_to, request_offset_reset = fetcher.seek_to, fetcher.request_offset_reset
-
-    def seek(tp: Any, offset: int) -> Any:
-        sought((tp,))
-        return seek_to(tp, offset)
-
-    def reset(tps: Iterable[Any], strategy: Any) -> Any:
-        tps = list(tps)
-        sought(tps)
-        return request_offset_reset(tps, strategy)
-
-    fetcher.seek_to, fetcher.request_offset_reset = seek, reset
+    fetch = thread._fetch_records(consumer, active_partitions, timeout=timeout,
+                                  max_records=consumer._max_poll_records)
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fetch, thread.thread_loop))
 
 
 def retry_coordinator_lookups(producer: AIOKafkaProducer) -> AIOKafkaProducer:

@@ -52,7 +52,6 @@ from faust.types import TP, AppT, TopicT
 from agents.ingest.acks import AckLedger
 from agents.ingest.epochs import AssignmentEpochs
 from agents.ingest.pacing import FetchPacing
-from agents.ingest.read_ahead import ReadAhead
 from agents.ingest.records import Acker, RawRecord, RecordBatch
 from tables.faust_compat import (
     AIOKafkaConsumerThread,
@@ -61,17 +60,12 @@ from tables.faust_compat import (
     ack_lock,
     commit_offsets,
     current_event,
-    fetch_position,
+    fetch_records,
     is_changelog,
     mark_stream_progress,
-    max_poll_records,
-    on_consumer_thread,
     rewind,
     set_fetch_wait,
-    thread_fetch,
-    thread_seek,
     tune_fetch,
-    watch_seeks,
 )
 from tables.faust_compat import (
     fetcher_stopped as fetcher_stopped_of,
@@ -127,14 +121,12 @@ class Commits(Protocol):
 class FetchOptions:
     """How the consumer fetches: a fetch waits up to ``max_wait_ms`` for ``min_bytes`` of records, and up to
     ``busy_max_wait_ms`` as the event loop gets busy (:mod:`agents.ingest.pacing`; not above ``max_wait_ms``:
-    a fixed wait); up to ``ahead_records`` are taken from the fetcher as they come, for the next round
-    (:mod:`agents.ingest.read_ahead`; 0: only when a round asks)."""
+    a fixed wait)."""
 
     min_bytes: int = 1
     max_wait_ms: int = 1500  # Faust's own choice
     read_committed: bool = False
     busy_max_wait_ms: int = 0
-    ahead_records: int = 0
 
 
 @dataclass
@@ -202,7 +194,6 @@ class _TunedConsumerThread(AIOKafkaConsumerThread):
     def __init__(self, consumer: BatchConsumer, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
         self.options = consumer.ingestion.fetch
-        self.read_ahead: ReadAhead | None = None  # once the Kafka consumer has started (its first fetch)
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
@@ -212,21 +203,8 @@ class _TunedConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
     async def getmany(self, active_partitions: set[TP] | None, timeout: float) -> Any:
-        """Fetch as Faust does, through what was read ahead, without a trip through mode's method queue
-        (see :func:`on_consumer_thread`)."""
-        return await on_consumer_thread(self, self._take(active_partitions, timeout))
-
-    async def _take(self, active_partitions: set[TP] | None, timeout: float) -> Any:
-        if self.read_ahead is None:  # here, on the thread's loop, once its consumer has started
-            self.read_ahead = ReadAhead(thread_fetch(self), fetch_position(self), thread_seek(self),
-                                        self.options.ahead_records, max_poll_records(self))
-            watch_seeks(self, self.read_ahead.sought)
-        return await self.read_ahead.take(active_partitions, timeout)
-
-    async def on_thread_stop(self) -> None:
-        if self.read_ahead is not None:
-            self.read_ahead.close()
-        await super().on_thread_stop()
+        """Fetch as Faust does, without a trip through mode's method queue (see :func:`fetch_records`)."""
+        return await fetch_records(self, active_partitions, timeout)
 
 
 class BatchConsumer(FaustConsumer):
@@ -255,13 +233,6 @@ class BatchConsumer(FaustConsumer):
     def fetch_wait_ms(self) -> int:
         """How long the broker may hold the next fetch for records, in ms."""
         return self.fetch_pacing.wait_ms if self.fetch_pacing is not None else self.ingestion.fetch.max_wait_ms
-
-    @property
-    def fetched_ahead(self) -> int | None:
-        """Records taken from the fetcher for the next round (:mod:`agents.ingest.read_ahead`); None before the
-        first fetch or with reading ahead off."""
-        read_ahead = getattr(self._thread, "read_ahead", None)
-        return read_ahead.held if read_ahead is not None and read_ahead.limit else None
 
     @property
     def epoch(self) -> int:
@@ -561,7 +532,7 @@ def install(app: AppT, commits: Commits, *, fetch: FetchOptions | None = None) -
     """
     options = fetch or FetchOptions()
     ingestion = Ingestion(commits, FetchOptions(options.min_bytes, options.max_wait_ms, commits.read_committed,
-                                                options.busy_max_wait_ms, options.ahead_records))
+                                                options.busy_max_wait_ms))
     consumer = type("BatchConsumer", (BatchConsumer,), {"ingestion": ingestion})
     transport = type("BatchTransport", (BatchTransport,), {"Consumer": consumer})
     app.transport = transport(app.conf.broker_consumer, app)

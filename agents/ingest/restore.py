@@ -38,9 +38,8 @@ async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
     everything the fetcher returned below its end has been received, which takes three steps:
 
     1. the consumer's position is past the highwater: every record up to it has been fetched;
-    2. two drain-loop rounds have begun since that position was read: the records taken before it (on their
-       way from the consumer thread, being handed on, or read ahead for the round after:
-       :mod:`agents.ingest.read_ahead`) were handed on;
+    2. a whole drain-loop round has begun since that position was read: the fetch that returned the
+       last records (still on its way from the consumer thread, or being handed on) was handed on;
     3. the changelog queue is empty and stays empty for a few event-loop turns: the restore has taken
        every record and counted it (taking one and counting it are some turns apart).
 
@@ -81,7 +80,7 @@ async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
                 past_end.pop(tp, None)
                 continue
             seen = past_end.get(tp)
-            if seen is not None and seen[0] == assignment() and consumer.fetch_rounds > seen[1] + 1 and await settled():
+            if seen is not None and seen[0] == assignment() and consumer.fetch_rounds > seen[1] and await settled():
                 highwater = unreceived(tp)  # again: the turns above let the restore run
                 queue_empty = restore_state(app)[3]
                 if highwater is not None and seen[0] == assignment() and queue_empty:
@@ -93,7 +92,6 @@ async def release_restores(app: Any, *, interval_s: float = 1.0) -> None:
             position = await consumer.position(tp)
             highwater = unreceived(tp)
             if highwater is not None and position is not None and position > highwater and before == assignment():
-                if seen is None or seen[0] != before:  # the first round it was seen past: count rounds from there
-                    past_end[tp] = (before, consumer.fetch_rounds)
+                past_end[tp] = (assignment(), consumer.fetch_rounds)
             else:
                 past_end.pop(tp, None)

@@ -106,7 +106,6 @@ class Snapshot:
     db_memory: Mapping[str, int] = field(default_factory=dict)  # RocksDB's memory in bytes, by kind
     db_memory_limit: int = 0  # and its budget (SEAM_STATE_DB_MEMORY_MB)
     fetch_wait_ms: int | None = None  # how long the broker may hold the next fetch (agents.ingest.pacing)
-    fetched_ahead: int | None = None  # records taken from the fetcher for the next round (agents.ingest.read_ahead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,10 +200,6 @@ class WorkerCollector(Collector):
             yield GaugeMetricFamily("seam_fetch_wait_seconds", "How long the broker may hold the next fetch for "
                                     "records: SEAM_FETCH_MAX_WAIT_MS, growing to SEAM_FETCH_MAX_WAIT_BUSY_MS as the "
                                     "event loop gets busy.", value=snapshot.fetch_wait_ms / 1000)
-        if snapshot.fetched_ahead is not None:
-            yield GaugeMetricFamily("seam_fetch_ahead_records", "Records taken from the fetcher as fetches returned, "
-                                    "waiting for the next round (at most SEAM_FETCH_AHEAD_RECORDS: there, the "
-                                    "worker stops reading ahead).", value=snapshot.fetched_ahead)
         lookups = CounterMetricFamily("seam_state_cache_lookups", "Key states looked up by the pipeline, by "
                                       "result: hit (in memory) or miss (read from the table).", labels=["result"])
         lookups.add_metric(["hit"], snapshot.cache_hits)

@@ -599,7 +599,7 @@ def test_commit_fetcher_and_worker_names_of_the_compat_module_exist() -> None:
 
 
 def test_the_fetch_is_faust_getmany_without_its_method_queue() -> None:
-    """What tables.faust_compat.thread_fetch calls: the thread's own fetch, on the thread's own loop."""
+    """What tables.faust_compat.fetch_records calls: the thread's own fetch, on the thread's own loop."""
     from mode.threads import ServiceThread
 
     thread = faust_aiokafka.AIOKafkaConsumerThread
@@ -615,7 +615,7 @@ def test_the_fetch_is_faust_getmany_without_its_method_queue() -> None:
 
 
 def test_the_fetch_runs_on_the_thread_loop_and_answers_on_the_callers() -> None:
-    from tables.faust_compat import max_poll_records, on_consumer_thread, thread_fetch
+    from tables.faust_compat import fetch_records
 
     calls: list[tuple[Any, ...]] = []
     kafka = SimpleNamespace(_max_poll_records=500)
@@ -633,8 +633,7 @@ def test_the_fetch_runs_on_the_thread_loop_and_answers_on_the_callers() -> None:
 
         fake = SimpleNamespace(_ensure_consumer=lambda: kafka, _fetch_records=fetch, thread_loop=thread_loop)
         try:
-            take = thread_fetch(fake)
-            assert await on_consumer_thread(fake, take({"tp"}, 0.5, max_poll_records(fake))) == {"records": 3}
+            assert await fetch_records(fake, {"tp"}, 0.5) == {"records": 3}
         finally:
             thread_loop.call_soon_threadsafe(thread_loop.stop)
             runner.join()
@@ -642,35 +641,6 @@ def test_the_fetch_runs_on_the_thread_loop_and_answers_on_the_callers() -> None:
 
     asyncio.run(scenario())
     assert calls == [(True, kafka, {"tp"}, 0.5, 500)]
-
-
-def test_the_read_ahead_sees_every_seek_and_the_assignment_a_position_belongs_to() -> None:
-    """What tables.faust_compat.watch_seeks and fetch_position rely on in aiokafka."""
-    from aiokafka.consumer.consumer import AIOKafkaConsumer
-    from aiokafka.consumer.fetcher import Fetcher
-    from aiokafka.consumer.subscription_state import Assignment, SubscriptionState, TopicPartitionState
-
-    assert list(inspect.signature(Fetcher.seek_to).parameters) == ["self", "tp", "offset"]
-    assert list(inspect.signature(Fetcher.request_offset_reset).parameters) == ["self", "tps", "strategy"]
-    # Every seek of the consumer goes through one of the two (a fetched record count as consumed once taken:
-    # the position moves in getall, and a partition's next fetch is sent only once nothing fetched waits).
-    consumer_source = inspect.getsource(AIOKafkaConsumer)
-    assert consumer_source.count("self._fetcher.seek_to(") == 2
-    assert consumer_source.count("self._fetcher.request_offset_reset(") == 2
-    assert "_subscriptions.seek(" not in consumer_source
-    from aiokafka.consumer.fetcher import FetchResult
-
-    assert "self._update_position()" in inspect.getsource(FetchResult.getall)
-    assert "state.consumed_to(" in inspect.getsource(FetchResult._update_position)
-    assert "if tp in self._records:" in inspect.getsource(Fetcher._get_actions_per_node)
-    assert "self._subscriptions = subscriptions" in inspect.getsource(Fetcher.__init__)
-    assert isinstance(SubscriptionState.subscription, property)
-    assert "def assignment(self)" in inspect.getsource(inspect.getmodule(Assignment))  # Subscription.assignment
-    assert list(inspect.signature(Assignment.state_value).parameters) == ["self", "tp"]
-    assert isinstance(Assignment.active, property)
-    assert isinstance(TopicPartitionState.has_valid_position, property)
-    assert isinstance(TopicPartitionState.position, property)
-    assert list(inspect.signature(faust_aiokafka.AIOKafkaConsumerThread.on_thread_stop).parameters) == ["self"]
 
 
 @pytest.mark.parametrize("patched", [True, False])

@@ -51,7 +51,7 @@ def test_the_collector_exposes_a_snapshot_taken_at_each_scrape() -> None:
         "tx", [InputPartition(0, 100, 90, 95, 18_000), InputPartition(2, None, None, None, None)],
         state=[StatePartition(0, keys=12, bytes=4096)], restores=[Restore("seam-card-state-changelog", 2, 7)],
         rebalancing=True, db_memory={"cache": 3_000, "memtables": 1_000, "table_readers": 20}, db_memory_limit=8_192,
-        fetch_wait_ms=25, fetched_ahead=340)
+        fetch_wait_ms=25)
     lines = page(snapshot)
     assert 'seam_assigned_partitions{partition="0",topic="tx"} 1.0' in lines
     assert 'seam_assigned_partitions{partition="2",topic="tx"} 1.0' in lines
@@ -68,8 +68,7 @@ def test_the_collector_exposes_a_snapshot_taken_at_each_scrape() -> None:
     assert 'seam_state_db_memory_bytes{kind="table_readers"} 20.0' in lines
     assert "seam_state_db_memory_limit_bytes 8192.0" in lines
     assert "seam_fetch_wait_seconds 0.025" in lines
-    assert "seam_fetch_ahead_records 340.0" in lines
-    assert not any(line.startswith("seam_fetch_") for line in page(Snapshot("tx", [])))  # not known: no sample
+    assert not any(line.startswith("seam_fetch_wait") for line in page(Snapshot("tx", [])))  # not known: no sample
 
 
 def test_no_snapshot_no_samples() -> None:

@@ -52,10 +52,10 @@ def make_app() -> Any:
                            tables=SimpleNamespace(recovery=recovery, changelog_queue=asyncio.Queue()))
 
 
-async def rounds(app: Any, n: int, every_s: float = INTERVAL_S / 3) -> None:
+async def rounds(app: Any, n: int) -> None:
     """The drain loop goes round ``n`` times, with nothing fetched."""
     for _ in range(n):
-        await asyncio.sleep(every_s)
+        await asyncio.sleep(INTERVAL_S / 3)
         app.consumer.fetch_rounds += 1
 
 
@@ -101,39 +101,6 @@ def test_a_restore_does_not_end_while_the_fetch_that_returned_its_last_records_i
         await rounds(app, 15)
         assert restored(app) and restore.dropped == []
         await stop(app, task, taking)
-    asyncio.run(scenario())
-
-
-def test_a_restore_does_not_end_while_its_last_records_wait_read_ahead_for_the_next_round() -> None:
-    """Records taken from the fetcher as they came (agents.ingest.read_ahead) move the position past the end
-    before any round has them: the round that begins next hands them on, so one round begun is not enough."""
-    async def scenario() -> None:
-        app = make_app()
-        restore = Restore(app)
-        taking = asyncio.create_task(restore.run())
-        app.consumer.fetch_position = 101  # records 98 and 99 read ahead, held for the next round
-        task = asyncio.create_task(release_restores(app, interval_s=INTERVAL_S))
-        await asyncio.sleep(INTERVAL_S * 4)
-        app.consumer.fetch_rounds += 1  # that round begins; its take has not returned yet
-        await asyncio.sleep(INTERVAL_S * 8)
-        assert not restored(app)
-        for offset in (98, 99):  # it hands them on, and the next begins
-            app.tables.changelog_queue.put_nowait(offset)
-        await rounds(app, 15)
-        assert restored(app) and restore.dropped == []
-        await stop(app, task, taking)
-    asyncio.run(scenario())
-
-
-def test_a_restore_ends_when_rounds_come_no_faster_than_its_checks() -> None:
-    """An idle drain loop goes round once a second (its fetch waits that long), as often as the check runs."""
-    async def scenario() -> None:
-        app = make_app()
-        app.consumer.fetch_position = 101
-        task = asyncio.create_task(release_restores(app, interval_s=INTERVAL_S))
-        await rounds(app, 15, every_s=INTERVAL_S)
-        assert restored(app)
-        await stop(app, task)
     asyncio.run(scenario())
 
 
